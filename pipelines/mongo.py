@@ -1,0 +1,57 @@
+"""Store validated products in MongoDB, durably, through the shared batched store."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from itemadapter import ItemAdapter
+from pydantic import ValidationError
+from scrapy.exceptions import DropItem
+
+from project.items import ProductItem
+from project.mongo import MongoStore
+from project.schema import Product, field_errors
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+__all__ = ["MongoPipeline"]
+
+logger = logging.getLogger(__name__)
+
+
+class MongoPipeline:
+    """Upserts each product by canonical URL; ``process_item`` returns once the write is durable.
+
+    Takes the ``Product`` that ``ValidationPipeline`` returns; a raw ``ProductItem`` (validation
+    switched off) is validated here and dropped if invalid, without a reject record. Other items
+    pass unchanged.
+    """
+
+    def __init__(self, store: MongoStore) -> None:
+        self._store = store
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> MongoPipeline:
+        """Build from the crawler's ``MONGO_*`` settings (``NotConfigured`` if they cannot work)."""
+        return cls(MongoStore.from_crawler(crawler))
+
+    async def open_spider(self) -> None:
+        """Connect (or start journaling when MongoDB is unreachable)."""
+        await self._store.open()
+
+    async def close_spider(self) -> None:
+        """Flush what is pending and disconnect."""
+        await self._store.close()
+
+    async def process_item(self, item: Any) -> Any:
+        """Store the product; return it once MongoDB or the journal has it."""
+        if isinstance(item, ProductItem):
+            try:
+                item = Product.model_validate(ItemAdapter(item).asdict())
+            except ValidationError as exc:
+                raise DropItem("invalid product %s (%s)" % (item.url, ", ".join(field_errors(exc)))) from exc
+        if isinstance(item, Product):
+            await self._store.save_product(item)
+        return item

@@ -1,0 +1,90 @@
+"""Validate scraped products; drop and record the invalid ones."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from itemadapter import ItemAdapter
+from pydantic import ValidationError
+from scrapy.exceptions import DropItem, NotConfigured
+
+from project.items import ProductItem
+from project.mongo import DEFAULTS, MongoStore
+from project.schema import Product, field_errors
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+
+__all__ = ["ValidationConfig", "ValidationPipeline"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """The ``VALIDATION_*`` settings."""
+
+    enabled: bool
+    store_rejects: bool
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> ValidationConfig:
+        """Read the settings."""
+        return cls(
+            enabled=settings.getbool("VALIDATION_ENABLED", DEFAULTS["VALIDATION_ENABLED"]),
+            store_rejects=settings.getbool("VALIDATION_STORE_REJECTS", DEFAULTS["VALIDATION_STORE_REJECTS"]),
+        )
+
+
+class ValidationPipeline:
+    """Turns each ``ProductItem`` into a validated ``Product``; other items pass unchanged.
+
+    An invalid item is counted (``validation/dropped``, ``validation/errors/<field>``), stored
+    in the rejects collection with its reasons, and dropped.
+    """
+
+    def __init__(self, stats: StatsCollector, store: MongoStore | None = None) -> None:
+        self._stats = stats
+        self._store = store
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ValidationPipeline:
+        """Build from the crawler's settings; raise ``NotConfigured`` when switched off."""
+        config = ValidationConfig.from_settings(crawler.settings)
+        if not config.enabled:
+            raise NotConfigured("VALIDATION_ENABLED is off")
+        assert crawler.stats is not None
+        return cls(crawler.stats, MongoStore.from_crawler(crawler) if config.store_rejects else None)
+
+    async def open_spider(self) -> None:
+        """Open the shared store the rejects go to."""
+        if self._store is not None:
+            await self._store.open()
+
+    async def close_spider(self) -> None:
+        """Release the shared store."""
+        if self._store is not None:
+            await self._store.close()
+
+    async def process_item(self, item: Any) -> Any:
+        """Return the normalised ``Product``, or record the item and raise ``DropItem``."""
+        if not isinstance(item, ProductItem):
+            return item
+        data = ItemAdapter(item).asdict()
+        try:
+            product = Product.model_validate(data)
+        except ValidationError as exc:
+            reasons = field_errors(exc)
+            self._stats.inc_value("validation/dropped")
+            for field in reasons:
+                self._stats.inc_value("validation/errors/%s" % field)
+            if self._store is not None:
+                await self._store.save_reject(data, reasons)
+            summary = "; ".join("%s: %s" % (field, ", ".join(messages)) for field, messages in reasons.items())
+            raise DropItem("invalid product %s (%s)" % (data.get("url"), summary)) from exc
+        self._stats.inc_value("validation/passed")
+        return product

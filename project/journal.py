@@ -1,0 +1,147 @@
+"""Append-only, segmented JSON-lines journal that keeps items durable while MongoDB is away."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+__all__ = ["Journal", "JournalLockedError", "journal_backlog"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".jsonl"
+_LOCK_NAME = ".lock"
+
+
+class JournalLockedError(RuntimeError):
+    """Another process owns the journal directory."""
+
+
+class Journal:
+    """Records appended in batches (one fsync per batch) to numbered segment files of one directory.
+
+    Segments are replayed in name order and removed one by one once MongoDB acknowledged them;
+    a new process never appends to an older process's segment, so a torn write can only be the
+    last line of a segment, and :meth:`read` skips it. Blocking file I/O: call it off the event
+    loop (``asyncio.to_thread``).
+    """
+
+    def __init__(self, directory: Path, *, segment_records: int = 5000) -> None:
+        self.directory: Path = directory
+        self._segment_records = segment_records
+        self._lock: IO[bytes] | None = None
+        self._active: IO[bytes] | None = None
+        self._active_path: Path | None = None
+        self._active_records = 0
+        self._next_seq = 1
+
+    def open(self) -> None:
+        """Create the directory and take its lock; raise ``JournalLockedError`` if it is taken."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = (self.directory / _LOCK_NAME).open("ab")
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            lock.close()
+            raise JournalLockedError("journal %s is used by another process" % self.directory) from exc
+        self._lock = lock
+        existing = self.segments()
+        self._next_seq = int(existing[-1].stem) + 1 if existing else 1
+
+    def close(self) -> None:
+        """Close the active segment and release the lock."""
+        self.seal()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+    def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append one batch and fsync it: once this returns, the records survive a crash."""
+        if not records:
+            return
+        data = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+        new_segment = self._active is None or self._active_records >= self._segment_records
+        if new_segment:
+            self.seal()
+            self._active_path = self.directory / ("%012d%s" % (self._next_seq, _SUFFIX))
+            self._next_seq += 1
+            self._active = self._active_path.open("ab")
+            self._active_records = 0
+        assert self._active is not None
+        try:
+            self._active.write(data)
+            self._active.flush()
+            os.fsync(self._active.fileno())
+            if new_segment:
+                _fsync_dir(self.directory)
+        except OSError:
+            # A half-written line must stay the last line of its segment.
+            self.seal()
+            raise
+        self._active_records += len(records)
+
+    def seal(self) -> None:
+        """Close the active segment: the next append starts a new one."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+            self._active_path = None
+
+    def segments(self) -> list[Path]:
+        """Segment files, oldest first (the active one included)."""
+        return sorted(p for p in self.directory.glob("*" + _SUFFIX) if p.stem.isdigit())
+
+    def sealed_segments(self) -> list[Path]:
+        """Segment files that are no longer appended to, oldest first."""
+        return [p for p in self.segments() if p != self._active_path]
+
+    def read(self, segment: Path) -> list[dict[str, Any]]:
+        """Records of one segment, in order, without a torn last line."""
+        records: list[dict[str, Any]] = []
+        lines = segment.read_bytes().split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                # Only the tail can be torn (a crash during append): it was never acknowledged.
+                logger.warning("skipping unreadable line %d of journal segment %s", number, segment)
+        return records
+
+    def remove(self, segment: Path) -> None:
+        """Delete a replayed segment."""
+        segment.unlink(missing_ok=True)
+        _fsync_dir(self.directory)
+
+    def backlog(self) -> int:
+        """Records waiting in the journal."""
+        return journal_backlog(self.directory)
+
+
+def journal_backlog(journal_dir: str | os.PathLike[str]) -> int:
+    """Number of journaled items waiting to be replayed into MongoDB (0 if there is no journal)."""
+    directory = Path(journal_dir)
+    if not directory.is_dir():
+        return 0
+    total = 0
+    for segment in directory.glob("*" + _SUFFIX):
+        if segment.stem.isdigit():
+            with segment.open("rb") as f:
+                total += sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    return total
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,473 @@
+"""Batched, durable MongoDB writes shared by the validation and MongoDB pipelines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
+
+from pymongo import AsyncMongoClient, ReplaceOne, UpdateOne
+from pymongo.errors import BulkWriteError, PyMongoError
+from scrapy.exceptions import NotConfigured
+
+from project.journal import Journal
+from project.services import mask_url
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from pymongo.asynchronous.collection import AsyncCollection
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+
+    from project.schema import Product
+
+__all__ = ["DEFAULTS", "MongoConfig", "MongoStore", "StoreWriteError"]
+
+logger = logging.getLogger(__name__)
+
+#: Every storage-side setting and its default (copied into settings.py and the README).
+DEFAULTS: dict[str, Any] = {
+    "MONGO_URI": "mongodb://127.0.0.1:27017",
+    "MONGO_DATABASE": "fleetcrawl",
+    "MONGO_PRODUCTS_COLLECTION": "products",
+    "MONGO_REJECTS_COLLECTION": "rejects",
+    "MONGO_FAILURES_COLLECTION": "failures",
+    "MONGO_BATCH_SIZE": 100,
+    "MONGO_FLUSH_INTERVAL": 1.0,
+    "MONGO_JOURNAL_DIR": ".state/journal/{spider}",
+    "MONGO_RETRY_MAX_DELAY": 30.0,
+    "MONGO_SERVER_SELECTION_TIMEOUT": 3.0,
+    "MONGO_SOCKET_TIMEOUT": 30.0,
+    "CRAWL_ID": "",
+    "VALIDATION_ENABLED": True,
+    "VALIDATION_STORE_REJECTS": True,
+}
+
+_FIRST_RETRY_DELAY = 0.5
+_Record = dict[str, Any]
+_Pending = tuple[_Record, "asyncio.Future[None]"]
+
+
+class StoreWriteError(Exception):
+    """MongoDB refused to write one document (a permanent error: it is not retried)."""
+
+
+@dataclass(frozen=True)
+class MongoConfig:
+    """The ``MONGO_*`` and ``CRAWL_ID`` settings, parsed and checked."""
+
+    uri: str
+    database: str
+    products_collection: str
+    rejects_collection: str
+    failures_collection: str
+    batch_size: int
+    flush_interval: float
+    journal_dir: Path
+    retry_max_delay: float
+    server_selection_timeout: float
+    socket_timeout: float
+    crawl_id: str
+
+    @classmethod
+    def from_settings(
+        cls, settings: BaseSettings, *, spider_name: str = "spider", started: datetime | None = None
+    ) -> MongoConfig:
+        """Read the settings; raise ``NotConfigured`` on a value that cannot work."""
+
+        def text(name: str) -> str:
+            return str(settings.get(name, DEFAULTS[name]) or "").strip()
+
+        def number(name: str) -> float:
+            try:
+                return float(settings.get(name, DEFAULTS[name]))
+            except (TypeError, ValueError) as exc:
+                raise NotConfigured("%s must be a number" % name) from exc
+
+        try:
+            batch_size = settings.getint("MONGO_BATCH_SIZE", DEFAULTS["MONGO_BATCH_SIZE"])
+        except (TypeError, ValueError) as exc:
+            raise NotConfigured("MONGO_BATCH_SIZE must be an integer") from exc
+        uri = text("MONGO_URI")
+        if not uri.startswith(("mongodb://", "mongodb+srv://")):
+            raise NotConfigured("MONGO_URI must start with mongodb:// or mongodb+srv://, got %r" % mask_url(uri))
+        for name in ("MONGO_DATABASE", "MONGO_PRODUCTS_COLLECTION", "MONGO_REJECTS_COLLECTION", "MONGO_JOURNAL_DIR"):
+            if not text(name):
+                raise NotConfigured("%s is empty" % name)
+        if batch_size < 1:
+            raise NotConfigured("MONGO_BATCH_SIZE must be >= 1, got %d" % batch_size)
+        positive = ("MONGO_FLUSH_INTERVAL", "MONGO_RETRY_MAX_DELAY", "MONGO_SERVER_SELECTION_TIMEOUT")
+        for name in (*positive, "MONGO_SOCKET_TIMEOUT"):
+            if not number(name) > 0:
+                raise NotConfigured("%s must be > 0, got %r" % (name, settings.get(name)))
+        started = started or datetime.now(UTC)
+        return cls(
+            uri=uri,
+            database=text("MONGO_DATABASE"),
+            products_collection=text("MONGO_PRODUCTS_COLLECTION"),
+            rejects_collection=text("MONGO_REJECTS_COLLECTION"),
+            failures_collection=text("MONGO_FAILURES_COLLECTION") or DEFAULTS["MONGO_FAILURES_COLLECTION"],
+            batch_size=batch_size,
+            flush_interval=number("MONGO_FLUSH_INTERVAL"),
+            journal_dir=Path(text("MONGO_JOURNAL_DIR").replace("{spider}", spider_name)),
+            retry_max_delay=number("MONGO_RETRY_MAX_DELAY"),
+            server_selection_timeout=number("MONGO_SERVER_SELECTION_TIMEOUT"),
+            socket_timeout=number("MONGO_SOCKET_TIMEOUT"),
+            crawl_id=text("CRAWL_ID") or "%s-%s" % (spider_name, started.strftime("%Y%m%dT%H%M%SZ")),
+        )
+
+
+_stores: WeakKeyDictionary[Crawler, MongoStore] = WeakKeyDictionary()
+
+
+class MongoStore:
+    """Writes products and rejects to MongoDB in batches, or to the local journal while it is away.
+
+    ``save_*`` return once the record is durable: acknowledged by MongoDB in a bulk write, or
+    appended and fsync'd to the journal. While the journal is not empty every write goes to it
+    (so replays keep the order), and a background task retries MongoDB with exponential backoff,
+    replays the journal segment by segment and deletes each segment once MongoDB acknowledged it.
+    """
+
+    def __init__(self, config: MongoConfig, stats: StatsCollector) -> None:
+        self.config: MongoConfig = config
+        self.journal: Journal = Journal(config.journal_dir, segment_records=max(1000, 20 * config.batch_size))
+        self._stats = stats
+        self._client: AsyncMongoClient[dict[str, Any]] | None = None
+        self._pending: list[_Pending] = []
+        self._flush_lock = asyncio.Lock()
+        self._flush_queued = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._recovery: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+        self._journaling = False
+        self._users = 0
+        self._opening: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> MongoStore:
+        """The crawler's store, shared by every pipeline that writes through it."""
+        store = _stores.get(crawler)
+        if store is None:
+            config = MongoConfig.from_settings(crawler.settings, spider_name=crawler.spidercls.name)
+            assert crawler.stats is not None
+            store = _stores[crawler] = cls(config, crawler.stats)
+        return store
+
+    @property
+    def journaling(self) -> bool:
+        """True while writes go to the journal instead of MongoDB."""
+        return self._journaling
+
+    async def open(self) -> None:
+        """Connect, create the indexes, and start replaying a journal left by a previous run."""
+        self._users += 1
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
+        await self._opening
+
+    async def _open(self) -> None:
+        config = self.config
+        await asyncio.to_thread(self.journal.open)
+        backlog = await asyncio.to_thread(self.journal.backlog)
+        self._client = AsyncMongoClient(
+            config.uri,
+            serverSelectionTimeoutMS=int(config.server_selection_timeout * 1000),
+            connectTimeoutMS=int(config.server_selection_timeout * 1000),
+            socketTimeoutMS=int(config.socket_timeout * 1000),
+            tz_aware=True,
+            appname="fleetcrawl",
+        )
+        logger.info(
+            "MongoDB store %s, database %s, crawl_id %s, journal %s",
+            mask_url(config.uri), config.database, config.crawl_id, config.journal_dir,
+        )  # fmt: skip
+        if backlog:
+            logger.info("found %d journaled items in %s, replaying them first", backlog, config.journal_dir)
+            self._start_journaling(delay=0.0)
+            return
+        try:
+            await self._ensure_indexes()
+        except PyMongoError as exc:
+            logger.warning("MongoDB unreachable (%s), journaling to %s", _describe(exc), config.journal_dir)
+            self._start_journaling()
+
+    async def close(self) -> None:
+        """Flush, make a last replay attempt, and disconnect (when the last user closes)."""
+        self._users -= 1
+        if self._users > 0 or self._client is None:
+            return
+        await self._flush()
+        await asyncio.gather(*self._tasks)
+        # Wake the retry loop for a last attempt rather than cancel it: a cancelled command
+        # drops its connection mid-write, which FerretDB does not always survive.
+        self._closing.set()
+        if self._recovery is not None:
+            await self._recovery
+        if self._journaling:
+            logger.warning(
+                "closing with %d journaled items in %s: they are replayed at the next start",
+                await asyncio.to_thread(self.journal.backlog), self.config.journal_dir,
+            )  # fmt: skip
+        await asyncio.to_thread(self.journal.close)
+        client, self._client = self._client, None
+        await client.close()
+
+    async def save_product(self, product: Product, *, seen: float | None = None) -> None:
+        """Upsert a product by canonical URL; return once it is durable."""
+        doc = {**product.content(), "url": product.url, "rendered": product.rendered}
+        record = {
+            "kind": "product",
+            "id": product.canonical_url,
+            "doc": doc,
+            "hash": product.content_hash(),
+            "seen": time.time() if seen is None else seen,
+            "crawl_id": self.config.crawl_id,
+        }
+        await self._submit(record)
+
+    async def save_reject(
+        self, item: Mapping[str, Any], reasons: Mapping[str, Sequence[str]], *, seen: float | None = None
+    ) -> None:
+        """Store a rejected item with its reasons per field; return once it is durable."""
+        raw = json.loads(json.dumps(dict(item), default=str))
+        url = str(raw.get("url") or "")
+        key = raw.get("canonical_url") if isinstance(raw.get("canonical_url"), str) else None
+        doc = {
+            "url": url,
+            "canonical_url": key,
+            "item": raw,
+            "reasons": {field: list(messages) for field, messages in reasons.items()},
+            "crawl_id": self.config.crawl_id,
+        }
+        record = {
+            "kind": "reject",
+            "id": "%s|%s" % (self.config.crawl_id, key or url),
+            "doc": doc,
+            "seen": time.time() if seen is None else seen,
+        }
+        await self._submit(record)
+
+    async def _submit(self, record: _Record) -> None:
+        if self._client is None:
+            raise RuntimeError("the MongoDB store is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._pending.append((record, future))
+        if len(self._pending) >= self.config.batch_size:
+            if not self._flush_queued:
+                self._flush_queued = True
+                self._spawn(self._flush())
+        elif self._timer is None:
+            self._timer = loop.call_later(self.config.flush_interval, lambda: self._spawn(self._flush()))
+        await future
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush(self) -> None:
+        async with self._flush_lock:
+            self._flush_queued = False
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            batch, self._pending = self._pending, []
+            size = self.config.batch_size
+            for start in range(0, len(batch), size):
+                chunk = batch[start : start + size]
+                try:
+                    await self._flush_chunk(chunk)
+                except Exception as exc:  # every waiting item must hear about it, whatever it is
+                    logger.exception("could not store %d items", len(chunk))
+                    _settle(chunk, dict.fromkeys(range(len(chunk)), exc))
+
+    async def _flush_chunk(self, chunk: list[_Pending]) -> None:
+        records = [record for record, _ in chunk]
+        if not self._journaling:
+            try:
+                failures = await self._write(records)
+            except PyMongoError as exc:
+                logger.warning("MongoDB unreachable (%s), journaling to %s", _describe(exc), self.config.journal_dir)
+                self._start_journaling()
+            else:
+                _settle(chunk, failures)
+                return
+        await asyncio.to_thread(self.journal.append, records)
+        self._stats.inc_value("mongo/journaled", len(records))
+        _settle(chunk, {})
+
+    def _start_journaling(self, delay: float = _FIRST_RETRY_DELAY) -> None:
+        self._journaling = True
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.ensure_future(self._recover(delay))
+
+    async def _recover(self, delay: float) -> None:
+        next_delay = max(delay, _FIRST_RETRY_DELAY)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+            try:
+                await self._replay()
+            except PyMongoError as exc:
+                self._stats.inc_value("mongo/retries")
+                if self._closing.is_set():
+                    return
+                delay, next_delay = next_delay, min(next_delay * 2, self.config.retry_max_delay)
+                logger.debug("MongoDB still unavailable (%s), next attempt in %.1f s", _describe(exc), delay)
+            else:
+                return
+
+    async def _replay(self) -> None:
+        """Replay the journal oldest segment first; switch back to direct writes once it is empty."""
+        await self._ensure_indexes()
+        announced = False
+        while True:
+            async with self._flush_lock:
+                segments = self.journal.segments()
+                if not segments:
+                    self._journaling = False
+                    if announced:
+                        logger.info("journal replayed, writing to MongoDB directly again")
+                    else:
+                        logger.info("MongoDB back, writing to it directly again")
+                    return
+                self.journal.seal()  # appends from now on go to a new segment
+            if not announced:
+                backlog = await asyncio.to_thread(self.journal.backlog)
+                logger.info("MongoDB back, replaying %d journaled items from %s", backlog, self.config.journal_dir)
+                announced = True
+            for segment in segments:
+                records = await asyncio.to_thread(self.journal.read, segment)
+                for start in range(0, len(records), self.config.batch_size):
+                    # Permanent per-document errors are logged and counted by _write; not retried.
+                    await self._write(records[start : start + self.config.batch_size])
+                await asyncio.to_thread(self.journal.remove, segment)
+                self._stats.inc_value("mongo/replayed", len(records))
+
+    async def _ensure_indexes(self) -> None:
+        db = self._db()
+        await db[self.config.products_collection].create_index("sku", name="sku")
+        await db[self.config.rejects_collection].create_index("crawl_id", name="crawl_id")
+
+    def _db(self) -> Any:
+        if self._client is None:
+            raise RuntimeError("the MongoDB store is not open")
+        return self._client[self.config.database]
+
+    async def _write(self, records: Sequence[_Record]) -> dict[int, Exception]:
+        """Write one batch; return the permanent failures by record index."""
+        products = [(i, r) for i, r in enumerate(records) if r["kind"] == "product"]
+        rejects = [(i, r) for i, r in enumerate(records) if r["kind"] == "reject"]
+        failures: dict[int, Exception] = {}
+        counts: Counter[str] = Counter()
+        if products:
+            failures.update(await self._write_products(products, counts))
+        if rejects:
+            groups = _group(rejects)
+            ops = [
+                ReplaceOne(
+                    {"_id": key}, {**group[-1][1]["doc"], "rejected_at": _time(group[-1][1]["seen"])}, upsert=True
+                )
+                for key, group in groups.items()
+            ]
+            failures.update(await self._bulk(self._db()[self.config.rejects_collection], ops, list(groups.values())))
+        self._stats.inc_value("mongo/batches")
+        for name, count in counts.items():
+            self._stats.inc_value("mongo/%s" % name, count)
+        return failures
+
+    async def _write_products(self, products: list[tuple[int, _Record]], counts: Counter[str]) -> dict[int, Exception]:
+        collection = self._db()[self.config.products_collection]
+        groups = _group(products)
+        cursor = collection.find({"_id": {"$in": list(groups)}}, {"content_hash": 1})
+        stored = {doc["_id"]: doc.get("content_hash") async for doc in cursor}
+        ops: list[UpdateOne] = []
+        group_counts: list[Counter[str]] = []
+        for key, group in groups.items():
+            exists, current, seen = key in stored, stored.get(key), Counter[str]()
+            for _, record in group:
+                if not exists:
+                    seen["inserted"] += 1
+                    exists = True
+                elif record["hash"] != current:
+                    seen["updated"] += 1
+                else:
+                    seen["unchanged"] += 1
+                current = record["hash"]
+            last = group[-1][1]
+            content = {**last["doc"], "content_hash": last["hash"], "crawl_id": last["crawl_id"]}
+            first_seen = _time(min(r["seen"] for _, r in group))
+            last_seen = _time(max(r["seen"] for _, r in group))
+            if key not in stored or stored[key] != last["hash"]:
+                update = {"$set": content, "$setOnInsert": {"first_seen": first_seen}}
+            else:
+                # Unchanged: only last_seen moves (the $setOnInsert covers a concurrent delete).
+                update = {"$setOnInsert": {**content, "first_seen": first_seen}}
+            update["$max"] = {"last_seen": last_seen}
+            ops.append(UpdateOne({"_id": key}, update, upsert=True))
+            group_counts.append(seen)
+        failures = await self._bulk(collection, ops, list(groups.values()))
+        for seen, group in zip(group_counts, groups.values(), strict=True):
+            if group[0][0] not in failures:
+                counts.update(seen)
+        return failures
+
+    async def _bulk(
+        self, collection: AsyncCollection[dict[str, Any]], ops: Sequence[Any], groups: list[list[tuple[int, _Record]]]
+    ) -> dict[int, Exception]:
+        try:
+            await collection.bulk_write(list(ops), ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            failures: dict[int, Exception] = {}
+            for error in errors:
+                for index, _ in groups[error["index"]]:
+                    failures[index] = StoreWriteError(str(error.get("errmsg", "write error")))
+            logger.error(
+                "MongoDB refused %d of %d writes to %s, first: %s",
+                len(errors), len(ops), collection.name, errors[0].get("errmsg") if errors else exc,
+            )  # fmt: skip
+            self._stats.inc_value("mongo/write_errors", len(failures))
+            if exc.details.get("writeConcernErrors"):
+                raise  # not acknowledged as asked: retry the whole batch
+            return failures
+        return {}
+
+
+def _group(indexed: list[tuple[int, _Record]]) -> dict[str, list[tuple[int, _Record]]]:
+    groups: dict[str, list[tuple[int, _Record]]] = {}
+    for index, record in indexed:
+        groups.setdefault(record["id"], []).append((index, record))
+    return groups
+
+
+def _settle(chunk: Sequence[_Pending], failures: Mapping[int, Exception]) -> None:
+    for index, (_, future) in enumerate(chunk):
+        if future.done():  # the waiting item was cancelled
+            continue
+        if index in failures:
+            future.set_exception(failures[index])
+        else:
+            future.set_result(None)
+
+
+def _time(seen: float) -> datetime:
+    return datetime.fromtimestamp(seen, tz=UTC)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).split(", Timeout:")[0]  # drop pymongo's topology description
+    return "%s: %s" % (type(exc).__name__, text[:200])

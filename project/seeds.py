@@ -1,0 +1,104 @@
+"""Validation of seeds pushed with ``redis-cli lpush <spider>:start_urls``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["InvalidSeed", "Seed", "parse_seed", "preview"]
+
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+_FIELDS = frozenset({"url", "priority", "meta", "method", "headers", "body"})
+
+
+class InvalidSeed(ValueError):
+    """A seed that cannot become a request; ``code`` names the reason for stats."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A validated seed."""
+
+    url: str
+    priority: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    method: str = "GET"
+    headers: dict[str, Any] = field(default_factory=dict)
+    body: str = ""
+
+
+def preview(raw: bytes, limit: int = 200) -> str:
+    """A short, printable excerpt of a raw seed for logs and dead letters."""
+    text = raw[:limit].decode("utf-8", errors="backslashreplace")
+    return text + (f"... ({len(raw)} bytes)" if len(raw) > limit else "")
+
+
+def _check_url(url: Any) -> str:
+    if not isinstance(url, str):
+        raise InvalidSeed("url_type", f"url must be a string, not {type(url).__name__}")
+    text: str = url.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in {"http", "https"} or not parts.netloc:
+        raise InvalidSeed("url", "url must be an absolute http(s) URL")
+    return text
+
+
+def _from_json(text: str) -> Seed:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSeed("json", f"invalid JSON: {exc.msg} at char {exc.pos}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidSeed("json", "a JSON seed must be an object")
+    unknown = sorted(set(doc) - _FIELDS)
+    if unknown:
+        raise InvalidSeed("field", f"unknown field(s) {', '.join(unknown)}")
+    priority = doc.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidSeed("priority", "priority must be an integer")
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise InvalidSeed("meta", "meta must be an object")
+    method = doc.get("method", "GET")
+    if not isinstance(method, str) or method.upper() not in _METHODS:
+        raise InvalidSeed("method", f"method must be one of {', '.join(sorted(_METHODS))}")
+    headers = doc.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+        for v in headers.values()
+    ):
+        raise InvalidSeed("headers", "headers must map names to strings or lists of strings")
+    body = doc.get("body", "")
+    if not isinstance(body, str):
+        raise InvalidSeed("body", "body must be a string")
+    return Seed(
+        url=_check_url(doc.get("url")),
+        priority=priority,
+        meta=meta,
+        method=method.upper(),
+        headers=headers,
+        body=body,
+    )
+
+
+def parse_seed(raw: bytes, max_bytes: int) -> Seed:
+    """Validate one raw seed: a plain URL or a JSON object."""
+    if len(raw) > max_bytes:
+        raise InvalidSeed("too_large", f"seed of {len(raw)} bytes exceeds {max_bytes}")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise InvalidSeed("encoding", f"seed is not valid UTF-8 ({exc.reason})") from exc
+    if not text:
+        raise InvalidSeed("empty", "empty seed")
+    if text.startswith("{"):
+        return _from_json(text)
+    if any(ch.isspace() for ch in text):
+        raise InvalidSeed("url", "a plain seed must be one URL without spaces")
+    return Seed(url=_check_url(text))

@@ -1,0 +1,99 @@
+"""Real services for the suite: Redis, a MongoDB-protocol server, the test shop."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pymongo
+import pytest
+import redis
+
+from project.services import (
+    ServicesConfig,
+    free_port,
+    start_mongo,
+    start_redis,
+    stop_service,
+)
+from tests.fleet import Fleet
+from tests.site.server import ShopServer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesConfig]:
+    """A private Redis and FerretDB for the whole run, on free ports."""
+    cfg = ServicesConfig(
+        state_dir=tmp_path_factory.mktemp("state"),
+        redis_port=free_port(),
+        mongo_port=free_port(),
+    )
+    start_redis(cfg)
+    try:
+        start_mongo(cfg)
+        yield cfg
+    finally:
+        stop_service(cfg, "mongo")
+        stop_service(cfg, "redis")
+
+
+@pytest.fixture
+def redis_url(services: ServicesConfig) -> Iterator[str]:
+    """The test Redis, emptied before each test."""
+    client = redis.Redis.from_url(services.redis_url)
+    client.flushall()
+    client.close()
+    return services.redis_url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def mongo_db(services: ServicesConfig) -> Iterator[str]:
+    """A database of its own for each test, dropped afterwards."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield name
+    with pymongo.MongoClient(services.mongo_url, serverSelectionTimeoutMS=5000) as client:
+        client.drop_database(name)
+
+
+@pytest.fixture
+def mongo(services: ServicesConfig, mongo_db: str) -> Iterator[pymongo.database.Database[Any]]:
+    with pymongo.MongoClient(services.mongo_url, serverSelectionTimeoutMS=5000) as client:
+        yield client[mongo_db]
+
+
+@pytest.fixture
+def make_shop() -> Iterator[Callable[..., ShopServer]]:
+    """Start test shops with given options; all are stopped after the test."""
+    shops: list[ShopServer] = []
+
+    def make(products: int = 200, **options: Any) -> ShopServer:
+        shop = ShopServer(products, **options).start()
+        shops.append(shop)
+        return shop
+
+    yield make
+    for shop in shops:
+        shop.stop()
+
+
+@pytest.fixture
+def fleet(
+    services: ServicesConfig, redis_url: str, mongo_db: str, tmp_path: Path
+) -> Iterator[Fleet]:
+    """Crawler nodes as real ``scrapy crawl`` processes; killed if still running."""
+    crew = Fleet(
+        redis_url=redis_url, mongo_url=services.mongo_url, mongo_db=mongo_db, log_dir=tmp_path
+    )
+    yield crew
+    crew.stop()

@@ -1,0 +1,98 @@
+"""Options of the test shop and their command line."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["ShopConfig", "parse_args"]
+
+
+@dataclass(frozen=True)
+class ShopConfig:
+    """Everything that shapes the shop; behaviours are off by default."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    seed: int = 0
+    products: int = 200
+    page_size: int = 20
+    latency_ms: float = 0.0
+    js_share: float = 0.0
+    malformed_share: float = 0.0
+    flaky_share: float = 0.0
+    flaky_failures: int = 2
+    broken_share: float = 0.0
+    slow_share: float = 0.0
+    slow_ms: float = 1000.0
+    retry_after_burst: int = 0
+    retry_after: int = 1
+    robots_crawl_delay: float | None = None
+    robots_disallow: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready copy, as shown in ``/_stats``."""
+        data = asdict(self)
+        data["robots_disallow"] = list(self.robots_disallow)
+        return data
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not within [0, 1]")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _duration(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tests.site", description="Deterministic synthetic web shop.")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    add("--port", type=_count, default=0, help="port; 0 picks a free one (default: %(default)s)")
+    add("--seed", type=int, default=0, help="catalogue seed (default: %(default)s)")
+    add("--products", type=_count, default=200, help="number of products (default: %(default)s)")
+    add("--page-size", type=_count, default=20, help="products per listing page (default: %(default)s)")
+    add("--latency-ms", type=_duration, default=0.0, help="delay before every page is answered")
+    add("--js-share", type=_share, default=0.0, help="share of products rendered by JavaScript only")
+    add("--malformed-share", type=_share, default=0.0, help="share of products with a missing or garbage price")
+    add("--flaky-share", type=_share, default=0.0, help="share of products answering 503 at first")
+    add("--flaky-failures", type=_count, default=2, help="503s before a flaky page answers 200")
+    add("--broken-share", type=_share, default=0.0, help="share of products always answering 503")
+    add("--slow-share", type=_share, default=0.0, help="share of products answered with extra delay")
+    add("--slow-ms", type=_duration, default=1000.0, help="extra delay of slow products")
+    add("--retry-after-burst", type=_count, default=0, help="first N product requests answer 429")
+    add("--retry-after", type=_count, default=1, help="Retry-After seconds of those 429s")
+    add("--robots-crawl-delay", type=_duration, default=None, help="Crawl-delay in robots.txt")
+    add("--robots-disallow", action="append", default=[], metavar="PATH", help="Disallow line (repeatable)")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
+    """Parse the command line of ``python -m tests.site``."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.products < 1 or args.page_size < 1:
+        parser.error("--products and --page-size must be at least 1")
+    if args.js_share + args.malformed_share + args.flaky_share + args.broken_share > 1.0 + 1e-9:
+        parser.error("--js-share, --malformed-share, --flaky-share and --broken-share add up to more than 1")
+    options = vars(args)
+    options["robots_disallow"] = tuple(options["robots_disallow"])
+    return ShopConfig(**options)

@@ -1,0 +1,377 @@
+"""The test shop's Twisted web resource, and ``ShopServer``, which runs it in a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Self, cast
+
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from tests.site.catalogue import KINDS, generate_catalogue
+from tests.site.pages import (
+    PNG,
+    category_pages,
+    render_error,
+    render_listing,
+    render_product,
+    render_robots,
+    render_root,
+)
+from tests.site.stats import ShopStats
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from twisted.internet.base import DelayedCall
+    from twisted.internet.posixbase import PosixReactorBase
+    from twisted.python.failure import Failure
+    from twisted.web.server import Request
+
+    from tests.site.catalogue import Catalogue
+    from tests.site.config import ShopConfig
+
+__all__ = ["ShopResource", "ShopServer", "run"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_PRODUCT_PATH = re.compile(r"/product/(\d+)")
+_CATEGORY_PATH = re.compile(r"/category/([a-z0-9-]+)")
+_IMAGE_PATH = re.compile(r"/img/(\d+)-(\d+)\.jpg")
+_HTML = b"text/html; charset=utf-8"
+_JSON = b"application/json"
+
+
+@dataclass
+class _Reply:
+    status: int
+    body: bytes
+    content_type: bytes = _HTML
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    extra_delay: float = 0.0
+
+
+class ShopResource(Resource):
+    """Serves every page of the shop; control endpoints start with ``/_`` and are not counted."""
+
+    isLeaf = True
+
+    def __init__(self, config: ShopConfig, catalogue: Catalogue, clock: PosixReactorBase) -> None:
+        super().__init__()
+        self._config = config
+        self._catalogue = catalogue
+        self._clock = clock
+        self._stats = ShopStats()
+        self._root_html = render_root(catalogue).encode()
+        self._robots = render_robots(config.robots_crawl_delay, list(config.robots_disallow)).encode()
+        self._catalogue_json = json.dumps(_catalogue_payload(catalogue, config.page_size)).encode()
+        self._expected = {kind: catalogue.ids_of_kind(kind) for kind in KINDS}
+        self._expected["slow"] = [p.id for p in catalogue.products if p.slow]
+
+    def render(self, request: Request) -> bytes | int:
+        """Answer one request, after the configured latency."""
+        path = request.path.decode("utf-8", "replace")
+        if path == "/_stats":
+            payload = {"products": len(self._catalogue.products), **self._stats.as_dict()}
+            payload.update(config=self._config.as_dict(), expected=self._expected)
+            return self._json(request, payload)
+        if path == "/_reset":
+            self._stats.reset()
+            return self._json(request, {"reset": True})
+        if path == "/_catalogue":
+            request.setHeader(b"content-type", _JSON)
+            return self._catalogue_json
+
+        match = _PRODUCT_PATH.fullmatch(path)
+        product_id = int(match.group(1)) if match else None
+        self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
+        reply = self._product(request, product_id) if product_id is not None else self._page(request, path)
+        self._stats.record_status(reply.status)
+        return self._respond(request, reply)
+
+    def _page(self, request: Request, path: str) -> _Reply:
+        if path == "/":
+            return _Reply(200, self._root_html)
+        if path == "/robots.txt":
+            return _Reply(200, self._robots, b"text/plain; charset=utf-8")
+        if match := _CATEGORY_PATH.fullmatch(path):
+            category = self._catalogue.category(match.group(1))
+            page = _int_arg(request, b"page", default=1)
+            size = self._config.page_size
+            if category is not None and page is not None and 1 <= page <= category_pages(category, size):
+                return _Reply(200, render_listing(self._catalogue, category, page, size).encode())
+        elif match := _IMAGE_PATH.fullmatch(path):
+            product = self._catalogue.product(int(match.group(1)))
+            if product is not None and 1 <= int(match.group(2)) <= len(product.images):
+                return _Reply(200, PNG, b"image/png")
+        return _Reply(404, render_error(404, "Not Found").encode())
+
+    def _product(self, request: Request, product_id: int) -> _Reply:
+        product = self._catalogue.product(product_id)
+        if product is None:
+            return _Reply(404, render_error(404, "Not Found").encode())
+        extra = self._config.slow_ms / 1000.0 if product.slow else 0.0
+        if self._stats.product_requests <= self._config.retry_after_burst:
+            headers = {b"retry-after": str(self._config.retry_after).encode()}
+            return _Reply(429, render_error(429, "Too Many Requests").encode(), headers=headers, extra_delay=extra)
+        if product.kind == "flaky":
+            self._stats.flaky_fetches[product_id] += 1
+        if product.kind == "broken" or (
+            product.kind == "flaky" and self._stats.flaky_fetches[product_id] <= self._config.flaky_failures
+        ):
+            return _Reply(503, render_error(503, "Service Unavailable").encode(), extra_delay=extra)
+        html = render_product(product, _base_url(request))
+        return _Reply(200, html.encode(), extra_delay=extra)
+
+    def _respond(self, request: Request, reply: _Reply) -> bytes | int:
+        request.setResponseCode(reply.status)
+        request.setHeader(b"content-type", reply.content_type)
+        for name, value in reply.headers.items():
+            request.setHeader(name, value)
+        delay = self._config.latency_ms / 1000.0 + reply.extra_delay
+        if delay <= 0:
+            return reply.body
+        request.setHeader(b"content-length", b"%d" % len(reply.body))
+        call = self._clock.callLater(delay, _finish, request, reply.body)
+        request.notifyFinish().addErrback(_cancel, call)
+        return NOT_DONE_YET
+
+    @staticmethod
+    def _json(request: Request, payload: object) -> bytes:
+        request.setHeader(b"content-type", _JSON)
+        request.setHeader(b"cache-control", b"no-store")
+        return json.dumps(payload).encode()
+
+
+def _finish(request: Request, body: bytes) -> None:
+    request.write(body)
+    request.finish()
+
+
+def _cancel(failure: Failure, call: DelayedCall) -> None:
+    # The client went away before the latency elapsed: nothing left to answer.
+    if call.active():
+        call.cancel()
+
+
+def _int_arg(request: Request, name: bytes, default: int) -> int | None:
+    values = request.args.get(name) if request.args else None
+    if not values:
+        return default
+    try:
+        return int(values[0])
+    except ValueError:
+        return None
+
+
+def _base_url(request: Request) -> str:
+    host = request.getHeader(b"host")
+    if host:
+        return f"http://{host.decode('ascii', 'replace')}"
+    address = request.getHost()
+    return f"http://{address.host}:{address.port}"
+
+
+def _catalogue_payload(catalogue: Catalogue, page_size: int) -> dict[str, object]:
+    products = [
+        {
+            "id": p.id,
+            "name": p.name,
+            "price": p.price,
+            "currency": p.currency,
+            "sku": p.sku,
+            "availability": p.availability,
+            "description": p.description,
+            "breadcrumb": list(p.breadcrumb),
+            "images": list(p.images),
+            "categories": list(p.categories),
+            "kind": p.kind,
+            "slow": p.slow,
+            "page_price": p.page_price,
+            "url": p.url,
+        }
+        for p in catalogue.products
+    ]
+    categories = [
+        {
+            "slug": c.slug,
+            "name": c.name,
+            "url": f"/category/{c.slug}?page=1",
+            "pages": category_pages(c, page_size),
+            "product_ids": list(c.product_ids),
+        }
+        for c in catalogue.categories
+    ]
+    return {"seed": catalogue.seed, "products": products, "categories": categories}
+
+
+def run(config: ShopConfig) -> None:
+    """Serve the shop until the reactor stops (SIGTERM, SIGINT); print the bound URL first."""
+    from twisted.internet import reactor as installed
+
+    # The interfaces are zope ones that mypy cannot read; the default reactor is a posix one.
+    reactor = cast("PosixReactorBase", installed)
+    catalogue = generate_catalogue(
+        config.products,
+        config.seed,
+        js_share=config.js_share,
+        malformed_share=config.malformed_share,
+        flaky_share=config.flaky_share,
+        broken_share=config.broken_share,
+        slow_share=config.slow_share,
+    )
+    site = Site(ShopResource(config, catalogue, reactor))
+    port = reactor.listenTCP(config.port, site, backlog=1024, interface=config.host)
+    address = port.getHost()
+    sys.stdout.write(f"LISTENING http://{address.host}:{address.port}\n")
+    sys.stdout.flush()
+    reactor.run()
+
+
+class ShopServer:
+    """Runs ``python -m tests.site`` on a free port for the duration of a ``with`` block.
+
+    Keyword options become command-line flags: ``js_share=0.1`` is ``--js-share 0.1``, a list is
+    repeated (``robots_disallow=["/a", "/b"]``), ``None`` is left out.
+    """
+
+    def __init__(
+        self,
+        products: int = 200,
+        *,
+        seed: int = 0,
+        latency_ms: float = 0,
+        page_size: int = 20,
+        startup_timeout: float = 20.0,
+        **options: object,
+    ) -> None:
+        options.update(products=products, seed=seed, latency_ms=latency_ms, page_size=page_size)
+        self.args: list[str] = ["--port", "0", *_flags(options)]
+        self.base_url: str = ""
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    @property
+    def port(self) -> int:
+        """The port the shop listens on."""
+        return int(self.base_url.rsplit(":", 1)[1])
+
+    def url(self, path: str = "/") -> str:
+        """Absolute URL of ``path`` on the shop."""
+        if not self.base_url:
+            raise RuntimeError("the shop is not running")
+        return self.base_url + (path if path.startswith("/") else "/" + path)
+
+    def stats(self) -> dict[str, Any]:
+        """Current ``/_stats``."""
+        return self._get_json("/_stats")
+
+    def catalogue(self) -> dict[str, Any]:
+        """Ground truth from ``/_catalogue``."""
+        return self._get_json("/_catalogue")
+
+    def reset(self) -> None:
+        """Clear the counters and the flaky/burst progress."""
+        self._get_json("/_reset")
+
+    def _get_json(self, path: str) -> dict[str, Any]:
+        with self._opener.open(self.url(path), timeout=30) as response:
+            payload: dict[str, Any] = json.load(response)
+        return payload
+
+    def start(self) -> Self:
+        """Start the subprocess and wait for the port it bound."""
+        self._stderr = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.site", *self.args],
+            cwd=_REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
+        try:
+            self.base_url = self._read_url(self._process)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_url(self, process: subprocess.Popen[bytes]) -> str:
+        assert process.stdout is not None
+        deadline = time.monotonic() + self._startup_timeout
+        remaining = self._startup_timeout
+        while remaining > 0:
+            ready, _, _ = select.select([process.stdout], [], [], remaining)
+            if ready:
+                line = process.stdout.readline().decode("utf-8", "replace").split()
+                if len(line) == 2 and line[0] == "LISTENING":
+                    return line[1]
+                _wait_quietly(process, timeout=5)
+                break
+            remaining = deadline - time.monotonic()
+        raise RuntimeError(f"the test shop did not start ({' '.join(self.args)}): {self._errors()}")
+
+    def _errors(self) -> str:
+        if self._stderr is None:
+            return ""
+        if self._process is not None and self._process.poll() is None:
+            return "no LISTENING line"
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")[-2000:]
+
+    def stop(self) -> None:
+        """Terminate the subprocess (kill it if it does not exit)."""
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self.base_url = ""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _wait_quietly(process: subprocess.Popen[bytes], timeout: float) -> None:
+    # A process that is still running after that is killed by stop().
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout)
+
+
+def _flags(options: dict[str, object]) -> list[str]:
+    flags: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        values = value if isinstance(value, list | tuple) else [value]
+        for item in values:
+            if item is not None:
+                flags += [flag, str(item)]
+    return flags

@@ -1,0 +1,58 @@
+"""Request counters of the test shop, served as ``/_stats`` and cleared by ``/_reset``."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+__all__ = ["ShopStats"]
+
+
+class ShopStats:
+    """What the shop has served since start or the last reset."""
+
+    hits: Counter[str]
+    product_hits: Counter[int]
+    statuses: Counter[int]
+    per_second: Counter[int]
+    total: int
+    #: Product requests seen, for the 429 burst.
+    product_requests: int
+    #: Requests per flaky product that got past the 429 burst.
+    flaky_fetches: Counter[int]
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything, including flaky and burst progress."""
+        self.hits = Counter()
+        self.product_hits = Counter()
+        self.statuses = Counter()
+        self.per_second = Counter()
+        self.total = 0
+        self.product_requests = 0
+        self.flaky_fetches = Counter()
+
+    def record_request(self, path_with_query: str, product_id: int | None) -> None:
+        """Count one request as it arrives."""
+        self.total += 1
+        self.hits[path_with_query] += 1
+        self.per_second[int(time.time())] += 1
+        if product_id is not None:
+            self.product_hits[product_id] += 1
+            self.product_requests += 1
+
+    def record_status(self, status: int) -> None:
+        """Count the status a request is answered with."""
+        self.statuses[status] += 1
+
+    def as_dict(self) -> dict[str, object]:
+        """The counters, JSON-ready (keys as strings)."""
+        return {
+            "hits": dict(self.hits),
+            "product_hits": {str(k): v for k, v in sorted(self.product_hits.items())},
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "per_second": {str(k): v for k, v in sorted(self.per_second.items())},
+            "total": self.total,
+        }

@@ -1,0 +1,151 @@
+"""Nothing is lost when nodes die, Redis restarts, seeds are bad or pages flaky."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pytest
+
+from project.services import start_redis, stop_service
+from tests.fleet import finish_reason, stat
+
+if TYPE_CHECKING:
+    import redis
+
+    from project.services import ServicesConfig
+    from tests.fleet import Fleet
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(condition, timeout: float, what: str, interval: float = 0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _leased_listing(client: redis.Redis) -> bool:
+    return any(b"/category/" in m for m in client.zrange("products:inflight", 0, -1))
+
+
+def _products_stored(mongo, count: int):
+    return lambda: mongo.products.estimated_document_count() >= count
+
+
+def _assert_every_product_once(shop, mongo, products: int) -> None:
+    assert mongo.products.count_documents({}) == products
+    stored = {doc["sku"] for doc in mongo.products.find({}, {"sku": 1})}
+    assert stored == {p["sku"] for p in shop.catalogue()["products"]}
+    hits = shop.stats()["product_hits"]
+    assert len(hits) == products, "a product page was never fetched"
+
+
+@pytest.mark.parametrize("moment", ["leased_listing", "mid_crawl", "late"])
+def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, moment) -> None:
+    products = 600
+    shop = make_shop(products=products, latency_ms=30)
+    fleet.seed(shop.url("/"))
+    victim = fleet.start_node()
+    if moment == "leased_listing":
+        _wait_for(lambda: _leased_listing(redis_client), 30, "a leased listing page")
+    elif moment == "mid_crawl":
+        _wait_for(_products_stored(mongo, products // 3), 60, "a third of the products")
+    else:
+        _wait_for(_products_stored(mongo, products * 9 // 10), 90, "most products")
+    victim.kill()
+    victim.wait(10)
+    held = redis_client.zcard("products:inflight")
+    fleet.start_node()
+    fleet.start_node()
+    codes = fleet.wait(180)
+    assert codes[1:] == [0, 0]
+    _assert_every_product_once(shop, mongo, products)
+    if held:
+        assert stat(fleet.log(1), "frontier/reaped") + stat(fleet.log(2), "frontier/reaped") >= 1
+
+
+def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: ServicesConfig) -> None:
+    products = 800
+    shop = make_shop(products=products, latency_ms=20)
+    fleet.seed(shop.url("/"))
+    fleet.start_node()
+    fleet.start_node()
+    _wait_for(_products_stored(mongo, products // 4), 60, "a quarter of the products")
+    stop_service(services, "redis")
+    time.sleep(3)
+    start_redis(services)
+    assert fleet.wait(240) == [0, 0]
+    _assert_every_product_once(shop, mongo, products)
+    errors = stat(fleet.log(0), "frontier/redis_errors") + stat(
+        fleet.log(1), "frontier/redis_errors"
+    )
+    assert errors >= 1, "the restart went unnoticed"
+
+
+def test_bad_seeds_are_dead_lettered_and_good_ones_crawled(
+    fleet: Fleet, make_shop, mongo, redis_client
+) -> None:
+    shop = make_shop(products=40)
+    good = [shop.url(p["url"]) for p in shop.catalogue()["products"][:5]]
+    bad: list[str | bytes] = [
+        "not a url",
+        json.dumps({"url": 5}),
+        "",
+        b"\xff\xfe\x00garbage",
+        "x" * 10_000_000,
+        json.dumps({"url": shop.url("/"), "priority": "high"}),
+        "[1, 2, 3]",
+    ]
+    # Interleaved so that every seed batch mixes good and bad ones.
+    for good_seed, bad_seed in zip(good, bad, strict=False):
+        fleet.seed(good_seed, bad_seed)
+    fleet.seed(*bad[len(good) :])
+    fleet.start_node(FRONTIER_SEED_BATCH=2)
+    fleet.start_node(FRONTIER_SEED_BATCH=2)
+    assert fleet.wait(120) == [0, 0]
+
+    hits = shop.stats()["hits"]
+    for url in good:
+        assert hits.get(urlsplit(url).path) == 1
+    dead = [json.loads(r) for r in redis_client.lrange("products:dead", 0, -1)]
+    assert len(dead) == len(bad)
+    assert {d["kind"] for d in dead} == {"seed"}
+    assert all(len(d["url"]) < 300 for d in dead), "a huge seed was stored whole"
+    rejected = sum(stat(fleet.log(i), "frontier/seeds/rejected") for i in (0, 1))
+    assert rejected == len(bad)
+    for index in (0, 1):
+        log = fleet.log(index)
+        assert finish_reason(log) == "finished"
+        assert "x" * 1000 not in log, "a huge seed was logged whole"
+    assert mongo.failures.count_documents({"kind": "seed"}) == len(bad)
+
+
+def test_flaky_pages_are_retried_then_dead_lettered(
+    fleet: Fleet, make_shop, mongo, redis_client
+) -> None:
+    shop = make_shop(products=200, flaky_share=0.1, flaky_failures=2, broken_share=0.05)
+    expected = shop.stats()["expected"]
+    fleet.seed(shop.url("/"))
+    fleet.start_node(FRONTIER_RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
+    fleet.start_node(FRONTIER_RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
+    assert fleet.wait(180) == [0, 0]
+
+    hits = shop.stats()["product_hits"]
+    for pid in expected["flaky"]:
+        assert hits[str(pid)] == 3, "a flaky page: two 503s, then stored"
+    for pid in expected["broken"]:
+        assert hits[str(pid)] == 3, "a broken page: three attempts, then dead"
+    stored = {doc["_id"].rsplit("/", 1)[1] for doc in mongo.products.find({}, {"_id": 1})}
+    assert {str(pid) for pid in expected["flaky"]} <= stored
+    assert not {str(pid) for pid in expected["broken"]} & stored
+    dead = [json.loads(r) for r in redis_client.lrange("products:dead", 0, -1)]
+    assert sorted(int(d["url"].rsplit("/", 1)[1]) for d in dead) == sorted(expected["broken"])
+    assert {(d["attempts"], d["error"]) for d in dead} == {(3, "HTTP 503")}
+    assert mongo.failures.count_documents({"kind": "request"}) == len(expected["broken"])

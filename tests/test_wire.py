@@ -1,0 +1,99 @@
+"""JSON wire format of frontier requests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scrapy import Request
+from scrapy.http import FormRequest
+
+from project.wire import UnserializableRequestError, decode_request, encode_request
+from spiders.products import ProductsSpider
+
+
+@pytest.fixture
+def spider() -> ProductsSpider:
+    return ProductsSpider()
+
+
+def test_round_trip_keeps_every_field(spider: ProductsSpider) -> None:
+    request = Request(
+        "http://shop.test/category/a?page=2",
+        callback=spider.parse_listing,
+        errback=spider.parse,
+        method="POST",
+        headers={"X-Token": "t"},
+        body=b"\xff\x00binary",
+        cookies={"c": "1"},
+        meta={"depth": 3, "nested": {"a": [1, 2.5, None, True]}},
+        priority=10,
+        dont_filter=True,
+        cb_kwargs={"page": 2},
+        flags=["f"],
+    )
+    payload = encode_request(request, spider, id="abc")
+    json.loads(payload)  # plain JSON, no pickle
+    copy, doc = decode_request(payload, spider)
+    assert doc["id"] == "abc"
+    assert copy.url == request.url
+    assert copy.callback == spider.parse_listing
+    assert copy.errback == spider.parse
+    assert (copy.method, copy.body, copy.priority, copy.dont_filter) == (
+        "POST",
+        b"\xff\x00binary",
+        10,
+        True,
+    )
+    assert copy.headers.getlist("X-Token") == [b"t"]
+    assert copy.meta == request.meta
+    assert copy.cb_kwargs == {"page": 2}
+    assert copy.cookies == {"c": "1"}
+    assert copy.flags == ["f"]
+
+
+def test_defaults_are_left_out(spider: ProductsSpider) -> None:
+    assert json.loads(encode_request(Request("http://shop.test/"), spider)) == {
+        "url": "http://shop.test/"
+    }
+
+
+@pytest.mark.parametrize(
+    ("meta", "where"),
+    [
+        ({"when": object()}, "['meta']['when'] (object)"),
+        ({"a": {"b": [1, {2, 3}]}}, "['meta']['a']['b'][1] (set)"),
+        ({"raw": b"bytes"}, "['meta']['raw'] (bytes)"),
+    ],
+)
+def test_unserializable_meta_fails_naming_the_field(
+    spider: ProductsSpider, meta: dict, where: str
+) -> None:
+    with pytest.raises(UnserializableRequestError) as info:
+        encode_request(Request("http://shop.test/", meta=meta), spider)
+    assert f"request{where} is not JSON-serializable" in str(info.value)
+
+
+def test_callback_must_be_a_spider_method(spider: ProductsSpider) -> None:
+    with pytest.raises(UnserializableRequestError, match="callback"):
+        encode_request(Request("http://shop.test/", callback=lambda r: None), spider)
+
+
+def test_form_requests_travel_but_arbitrary_classes_do_not(spider: ProductsSpider) -> None:
+    form = FormRequest("http://shop.test/login", formdata={"u": "x"})
+    copy, _ = decode_request(encode_request(form, spider), spider)
+    assert type(copy) is FormRequest
+    assert copy.body == b"u=x"
+    evil = json.dumps({"url": "http://shop.test/", "class": "os.system"})
+    with pytest.raises(UnserializableRequestError, match="not allowed"):
+        decode_request(evil, spider)
+
+
+def test_backoff_grows_with_jitter() -> None:
+    from project.retry import backoff_delay
+
+    for attempt in range(6):
+        ceiling = min(60.0, 1.0 * 2**attempt)
+        delays = [backoff_delay(attempt, 1.0, 60.0) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 150, "no jitter"
