@@ -201,6 +201,16 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self._heap)
 
+    @property
+    def held_leases(self) -> int:
+        """Requests this node holds: leased but not yet settled."""
+        return len(self._heap) + len(self._dispatched)
+
+    @property
+    def fleet_counts(self) -> tuple[int, int, int, int] | None:
+        """(queued, delayed, in flight, seeds) as of the last maintenance step."""
+        return self._counts
+
     def is_finished(self) -> bool:
         """True once the whole fleet has had nothing to do for the grace period."""
         return self._finished
