@@ -9,6 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from project import fleet
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -27,47 +29,34 @@ def _redis(settings: Any) -> Any:
     return redis.Redis.from_url(settings.get("REDIS_URL"), socket_connect_timeout=5)
 
 
-def _mongo_counts(settings: Any) -> dict[str, Any]:
-    import pymongo
-    from pymongo.errors import PyMongoError
-
-    from project.services import mask_url
-
-    uri = settings.get("MONGO_URI")
-    client: pymongo.MongoClient[dict[str, Any]]
-    try:
-        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=3000) as client:
-            db: pymongo.database.Database[dict[str, Any]] = client[settings.get("MONGO_DATABASE")]
-            return {
-                name: db[name].estimated_document_count()
-                for name in ("products", "rejects", "failures")
-            }
-    except PyMongoError as exc:
-        return {"error": f"MongoDB at {mask_url(uri)} unreachable: {type(exc).__name__}"}
-
-
 def _status(args: argparse.Namespace) -> int:
     from redis.exceptions import RedisError
 
     from project.services import mask_url
-    from project.status import frontier_snapshot
+    from project.status import StatusReader
+    from project.watch import NODE_COLUMNS, human_duration, node_rows, watch
 
     settings = _settings()
+    reader = StatusReader.from_settings(settings, args.spider)
+    if args.watch:
+        return watch(reader, args.interval)
     try:
-        snapshot = frontier_snapshot(_redis(settings), args.spider)
+        snapshot = reader.read()
     except RedisError as exc:
         print(
             f"error: Redis at {mask_url(settings.get('REDIS_URL'))} unreachable: {exc}",
             file=sys.stderr,
         )
         return 1
-    snapshot["mongo"] = _mongo_counts(settings)
+    finally:
+        reader.close()
     if args.json:
         print(json.dumps(snapshot, indent=2, sort_keys=True))
         return 0
     bands = ", ".join(f"{p}: {n}" for p, n in snapshot["queued_by_priority"].items()) or "-"
     nodes = ", ".join(f"{n}: {c}" for n, c in snapshot["in_flight_by_node"].items()) or "-"
-    mongo = snapshot["mongo"]
+    mongo, totals, progress = snapshot["mongo"], snapshot["fleet"], snapshot["progress"]
+    backlog = snapshot["journal_backlog"]
     print(f"spider          {snapshot['spider']}")
     print(f"queued          {snapshot['queued']} (by priority {bands})")
     print(f"delayed retries {snapshot['delayed_retries']}")
@@ -82,7 +71,30 @@ def _status(args: argparse.Namespace) -> int:
             f"mongodb         {mongo['products']} products, {mongo['rejects']} rejects,"
             f" {mongo['failures']} failures"
         )
+    print(f"journal backlog {'n/a' if backlog is None else backlog}")
+    print(
+        f"rates           {totals['pages_per_min']:.0f} pages/min,"
+        f" {totals['items_per_min']:.0f} items/min"
+    )
+    print(
+        f"progress        {progress['done']}/{progress['total']} ({progress['fraction']:.0%}),"
+        f" ETA {human_duration(progress['eta_seconds'])}"
+    )
+    print(
+        f"nodes           {totals['nodes_alive']} alive, {totals['nodes_dead']} dead,"
+        f" {totals['nodes_finished']} finished"
+    )
+    rows = [NODE_COLUMNS, *node_rows(snapshot)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(NODE_COLUMNS))]
+    for row in rows if len(rows) > 1 else []:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from project.dashboard import serve
+
+    return serve(_settings(), args.spider, args.host, args.port)
 
 
 def _failures(args: argparse.Namespace) -> int:
@@ -124,7 +136,14 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="queue, seen-set and MongoDB figures of one spider")
     status.add_argument("--spider", default="products")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
     status.set_defaults(func=_status)
+    dashboard = sub.add_parser("dashboard", help="web dashboard with charts and /metrics")
+    dashboard.add_argument("--port", type=int, default=8050)
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
+    dashboard.add_argument("--spider", default="products")
+    dashboard.set_defaults(func=_dashboard)
     failures = sub.add_parser("failures", help="list, retry or purge dead letters")
     failures.add_argument("action", choices=["list", "retry", "purge"])
     failures.add_argument("--spider", default="products")
@@ -138,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text, add_help=False)
         cmd.add_argument("rest", nargs=argparse.REMAINDER)
         cmd.set_defaults(func=func)
+    fleet.register(sub)
     return parser
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from scrapy.exceptions import NotConfigured
 
+from project.queue import SiteLimits
+
 if TYPE_CHECKING:
     from typing import Self
 
@@ -40,6 +42,8 @@ class FrontierConfig:
     idle_poll_max: float = 1.0
     maintenance_seconds: float = 1.0
     redis_url: str = "redis://127.0.0.1:6379/0"
+    limits: SiteLimits = SiteLimits()
+    site_limits: tuple[tuple[str, float, int], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -67,6 +71,19 @@ class FrontierConfig:
                 "FRONTIER_MAINTENANCE_SECONDS", cls.maintenance_seconds
             ),
             redis_url=settings.get("REDIS_URL") or cls.redis_url,
+            limits=SiteLimits(
+                rate=settings.getfloat("FLEET_SITE_RATE", 0.0),
+                concurrency=settings.getint("FLEET_SITE_CONCURRENCY", 0),
+                burst_seconds=settings.getfloat("FLEET_BURST_SECONDS", 0.2),
+                adaptive=settings.getbool("FLEET_AUTOTHROTTLE_ENABLED", False),
+                target_concurrency=settings.getfloat("FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY", 4.0),
+                min_rate=settings.getfloat("FLEET_AUTOTHROTTLE_MIN_RATE", 0.5),
+                start_rate=settings.getfloat("FLEET_AUTOTHROTTLE_START_RATE", 2.0),
+            ),
+            site_limits=tuple(
+                (site.lower(), float(spec.get("rate", 0)), int(spec.get("concurrency", 0)))
+                for site, spec in settings.getdict("FLEET_SITE_LIMITS").items()
+            ),
         )
         if config.batch_max < 1 or config.batch_max > 2000:
             raise NotConfigured("FRONTIER_BATCH_MAX must be between 1 and 2000")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from scrapy import Request, Spider
 
-__all__ = ["FrontierKeys", "LeasedQueue", "StepBatch", "StepResult"]
+__all__ = ["FrontierKeys", "LeasedQueue", "SiteLimits", "StepBatch", "StepResult", "clear_frontier"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,15 @@ class FrontierKeys:
     delayed: str
     dead: str
     seq: str
+    throttled: str
+    limits: str
+    rates: str
+    buckets: str
+    active: str
+    leases: str
+    lat_sum: str
+    lat_n: str
+    queued: str
 
     @classmethod
     def for_spider(
@@ -38,26 +47,53 @@ class FrontierKeys:
         dupefilter_template: str = "%(spider)s:dupefilter",
         start_urls_template: str = "%(name)s:start_urls",
     ) -> FrontierKeys:
+        own = {
+            field: f"{name}:{field}"
+            for field in (
+                "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates",
+                "buckets", "active", "leases", "lat_sum", "lat_n", "queued",
+            )
+        }
         return cls(
             queue=queue_template % {"spider": name},
             dupefilter=dupefilter_template % {"spider": name},
             start_urls=start_urls_template % {"name": name},
-            inflight=f"{name}:inflight",
-            delayed=f"{name}:delayed",
-            dead=f"{name}:dead",
-            seq=f"{name}:seq",
+            **own,
         )
+
+    def site_queue(self, site: str) -> str:
+        """The sorted set holding *site*'s queued requests."""
+        return f"{self.queue}:{site}"
+
+    def wide(self) -> list[str]:
+        """Every key the Lua scripts take, in their order."""
+        return [getattr(self, k) for k in lua.WIDE_KEYS]
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    """Fleet-wide politeness defaults; per-site caps live in Redis."""
+
+    rate: float = 0.0  # requests/s per site, 0 = unlimited
+    concurrency: int = 0  # requests in flight per site, 0 = unlimited
+    burst_seconds: float = 0.2
+    adaptive: bool = False
+    target_concurrency: float = 4.0
+    min_rate: float = 0.5
+    start_rate: float = 2.0
 
 
 @dataclass
 class StepBatch:
     """Everything one round trip sends."""
 
-    enqueue: list[tuple[bytes, int, bytes]] = field(default_factory=list)
+    enqueue: list[tuple[bytes, str, int, bytes]] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     retries: list[tuple[bytes, int, bytes]] = field(default_factory=list)
     dead: list[tuple[bytes, bytes]] = field(default_factory=list)
     heartbeat: list[bytes] = field(default_factory=list)
+    pauses: list[tuple[str, int]] = field(default_factory=list)
+    latency: list[tuple[str, float, int]] = field(default_factory=list)
     want: int = 0
     seed_want: int = 0
     maintain: bool = False
@@ -73,7 +109,8 @@ class StepResult:
     seeds: list[bytes]
     reaped: int
     promoted: int
-    counts: tuple[int, int, int, int] | None  # queue, delayed, inflight, seeds
+    counts: tuple[int, int, int, int] | None  # queued, delayed, inflight, seeds
+    next_wake_ms: int | None
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -87,10 +124,17 @@ class LeasedQueue(Base):  # type: ignore[misc]
     """
 
     def __init__(
-        self, server: Redis, spider: Spider, keys: FrontierKeys, node_id: str, lease_ms: int
+        self,
+        server: Redis,
+        spider: Spider,
+        keys: FrontierKeys,
+        node_id: str,
+        lease_ms: int,
+        limits: SiteLimits | None = None,
     ) -> None:
         self.server = server
         self.lease_ms = lease_ms
+        self.limits = limits or SiteLimits()
         self.spider = spider
         self.key = keys.queue
         self.keys = keys
@@ -105,12 +149,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
     def _decode_request(self, encoded_request: bytes) -> Request:
         return decode_request(encoded_request, self.spider)[0]
 
-    async def size(self) -> int:
-        return int(await self.server.zcard(self.key))
-
     async def step(self, batch: StepBatch) -> StepResult:
         """Run one atomic frontier step: enqueue, settle, heartbeat, lease."""
         now_ms = int(time.time() * 1000)
+        lim = self.limits
         argv: list[Any] = [
             self.node_id,
             now_ms,
@@ -118,24 +160,35 @@ class LeasedQueue(Base):  # type: ignore[misc]
             batch.want,
             batch.seed_want,
             "1" if batch.maintain else "0",
+            lim.rate,
+            lim.concurrency,
+            lim.burst_seconds,
+            "1" if lim.adaptive else "0",
+            lim.target_concurrency,
+            lim.min_rate,
+            lim.start_rate,
             len(batch.enqueue),
             len(batch.acks),
             len(batch.retries),
             len(batch.dead),
             len(batch.heartbeat),
+            len(batch.pauses),
+            len(batch.latency),
         ]
-        for fp, priority, payload in batch.enqueue:
-            argv += (fp, priority, payload)
+        for fp, site, priority, payload in batch.enqueue:
+            argv += (fp, site, priority, payload)
         argv += batch.acks
         for member, not_before, payload in batch.retries:
             argv += (member, not_before, payload)
         for member, record in batch.dead:
             argv += (member, record)
         argv += batch.heartbeat
-        k = self.keys
-        keys = [k.queue, k.inflight, k.delayed, k.dupefilter, k.seq, k.start_urls, k.dead]
-        added, dupes, leased, seeds, reaped, promoted, counts = await self._step(
-            keys=keys, args=argv
+        for site, until_ms in batch.pauses:
+            argv += (site, until_ms)
+        for site, seconds, count in batch.latency:
+            argv += (site, seconds, count)
+        added, dupes, leased, seeds, reaped, promoted, counts, wake = await self._step(
+            keys=self.keys.wide(), args=argv
         )
         return StepResult(
             added=int(added),
@@ -147,16 +200,14 @@ class LeasedQueue(Base):  # type: ignore[misc]
             counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]))
             if counts
             else None,
+            next_wake_ms=int(float(wake)) if wake else None,
         )
 
     async def release(self, members: list[bytes]) -> int:
         """Give leases back to the queue at once (clean shutdown)."""
         if not members:
             return 0
-        k = self.keys
-        return int(
-            await self._release(keys=[k.queue, k.inflight, k.seq, k.start_urls], args=members)
-        )
+        return int(await self._release(keys=self.keys.wide(), args=members))
 
     def request_member(self, payload: bytes) -> bytes:
         """The in-flight member under which this node holds *payload*."""
@@ -176,7 +227,12 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
     async def clear_all(self) -> None:
         """Delete every key of this frontier (seen-set included)."""
-        k = self.keys
-        await self.server.delete(
-            k.queue, k.dupefilter, k.start_urls, k.inflight, k.delayed, k.dead, k.seq
-        )
+        await clear_frontier(self.server, self.keys)
+
+
+async def clear_frontier(server: Redis, keys: FrontierKeys) -> None:
+    """Delete every key of a frontier, per-site queues included."""
+    sites = set(await server.zrange(keys.queue, 0, -1))
+    sites |= set(await server.zrange(keys.throttled, 0, -1))
+    doomed = [keys.site_queue(s.decode()) for s in sites] + keys.wide()
+    await server.delete(*doomed)

@@ -96,7 +96,12 @@ class FrontierRetryMiddleware:
     def process_response(self, request: Request, response: Response) -> Response:
         if request.meta.get("dont_retry") or response.status not in self.config.http_codes:
             return response
-        self._settle(request, f"HTTP {response.status}", _retry_after(response))
+        retry_after = _retry_after(response) if response.status in (429, 503) else 0.0
+        self._settle(request, f"HTTP {response.status}", retry_after)
+        if retry_after:
+            # The whole fleet holds off this site, not only this request.
+            request.meta[OUTCOME_META_KEY]["pause"] = retry_after
+            self.stats.inc_value("frontier/retry_after")
         if request.meta[OUTCOME_META_KEY]["action"] == "retry":
             raise IgnoreRequest(f"retry scheduled after HTTP {response.status}")
         return response

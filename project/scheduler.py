@@ -26,7 +26,7 @@ from project.dupefilter import FleetDupeFilter
 from project.queue import FrontierKeys, LeasedQueue, StepBatch
 from project.seeds import InvalidSeed, preview
 from project.services import mask_url
-from project.wire import UnserializableRequestError, decode_request, encode_request
+from project.wire import UnserializableRequestError, decode_request, encode_request, site_of
 
 if TYPE_CHECKING:
     from typing import Self
@@ -77,8 +77,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         )
         self._heap: list[tuple[float, int, Request, _Lease]] = []
         self._heap_counter = 0
+        self._consumed = 0  # requests dispatched since the last round trip
         self._dispatched: dict[Request, _Lease] = {}
-        self._enqueue: list[tuple[bytes, int, bytes]] = []
+        self._enqueue: list[tuple[bytes, str, int, bytes]] = []
+        self._next_wake: float | None = None
         self._settle = StepBatch()
         self._seeds_maybe = True
         self._counts: tuple[int, int, int, int] | None = None
@@ -114,8 +116,16 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             spider.name, self.queue_key, self.dupefilter_key, self._start_urls_key
         )
         self.queue = LeasedQueue(
-            self.server, spider, keys, self.node_id, int(self.config.lease_seconds * 1000)
+            self.server,
+            spider,
+            keys,
+            self.node_id,
+            int(self.config.lease_seconds * 1000),
+            self.config.limits,
         )
+        self._latency: dict[str, list[float]] = {}
+        if self.config.limits.adaptive:
+            self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.df = FleetDupeFilter.from_crawler(self.crawler)
         settings = self.crawler.settings
         self._dead_sink = DeadLetterSink(
@@ -133,6 +143,11 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self.config.lease_seconds,
             extra={"spider": spider},
         )
+        if self.config.site_limits:
+            await self.server.hset(
+                keys.limits,
+                mapping={site: f"{rate} {conc}" for site, rate, conc in self.config.site_limits},
+            )
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def close(self, reason: str) -> Deferred[None]:
@@ -181,7 +196,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             raise
         # Requests that skip the filter still mark their URL as seen.
         fp = (b"m" if request.dont_filter else b"f") + self.df.fingerprint(request)
-        self._enqueue.append((fp, request.priority, payload))
+        self._enqueue.append((fp, site_of(request.url), request.priority, payload))
         if len(self._enqueue) >= self.config.batch_max:
             self._wakeup.set()
         return True
@@ -192,6 +207,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return None
         *_, request, lease = heapq.heappop(self._heap)
         self._dispatched[request] = lease
+        self._consumed += 1
         self.stats.inc_value("frontier/dispatched")
         return request
 
@@ -223,7 +239,12 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
     def _has_settlements(self) -> bool:
         s = self._settle
-        return bool(s.acks or s.retries or s.dead)
+        return bool(s.acks or s.retries or s.dead or s.pauses)
+
+    def _on_response(self, response: Any, request: Request) -> None:
+        latency = request.meta.get("download_latency")
+        if latency is not None:
+            self._latency.setdefault(site_of(request.url), []).append(float(latency))
 
     def _engine_inprogress(self) -> set[Request]:
         # Scrapy has no public hook for "a request and everything its
@@ -243,7 +264,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             outcome = request.meta.get(OUTCOME_META_KEY)
             if outcome is None:
                 self._settle.acks.append(lease.member)
-            elif outcome["action"] == "retry":
+                continue
+            if outcome["action"] == "retry":
                 payload = encode_request(request, self.spider, id=os.urandom(6).hex())
                 not_before = int((time.time() + outcome["delay"]) * 1000)
                 self._settle.retries.append((lease.member, not_before, payload))
@@ -251,6 +273,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 self._settle.dead.append(
                     (lease.member, self._dead_record(request.url, outcome, lease.payload))
                 )
+            if outcome.get("pause"):
+                until = int((time.time() + outcome["pause"]) * 1000)
+                self._settle.pauses.append((site_of(request.url), until))
 
     def _dead_record(self, url: str, outcome: dict[str, Any], payload: bytes | None) -> bytes:
         return json.dumps(
@@ -268,9 +293,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
     def _want(self) -> int:
         held = len(self._heap) + len(self._dispatched)
-        return max(
-            0, min(self.config.batch_max, self.config.concurrency + self.config.prefetch - held)
-        )
+        # A fast node drains its local batch within one tick: lease ahead by
+        # about what it consumed last tick, so it never waits on Redis.
+        prefetch = max(self.config.prefetch, 2 * self._consumed)
+        return max(0, min(self.config.batch_max, self.config.concurrency + prefetch - held))
 
     async def _run(self) -> None:
         delay = self.config.tick_seconds
@@ -278,10 +304,17 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             started = time.monotonic()
             try:
                 self._reconcile()
-                busy = await self._step(want=self._want(), seed_want=self._seed_want())
+                want = self._want()
+                self._consumed = 0
+                busy = await self._step(want=want, seed_want=self._seed_want())
                 self._dead_sink.kick()
             except RedisError as exc:
                 self._on_redis_error(exc)
+                delay = min(max(delay * 2, 0.5), 10.0)
+            except Exception:
+                # A bug here must not silently stop the node's frontier.
+                self.stats.inc_value("frontier/errors")
+                logger.exception("Frontier step failed", extra={"spider": self.spider})
                 delay = min(max(delay * 2, 0.5), 10.0)
             else:
                 if self._redis_down_since is not None:
@@ -296,6 +329,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                     if busy
                     else min(max(delay * 2, self.config.tick_seconds), self.config.idle_poll_max)
                 )
+                if self._next_wake is not None and self._want():
+                    # A throttled site gets tokens then: be there to lease them.
+                    until_wake = self._next_wake - time.time()
+                    delay = min(delay, max(self.config.tick_seconds, until_wake))
             # At most one round trip per tick; sooner only when woken with work.
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.config.tick_seconds - elapsed))
@@ -334,17 +371,25 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         # Settle a lease only once everything its callback produced is sent.
         settle = len(batch.enqueue) == len(self._enqueue)
         if settle:
-            batch.acks, batch.retries, batch.dead = (
+            batch.acks, batch.retries, batch.dead, batch.pauses = (
                 self._settle.acks,
                 self._settle.retries,
                 self._settle.dead,
+                self._settle.pauses,
             )
+        if self._latency:
+            batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
         if now - self._last_heartbeat >= self.config.heartbeat_seconds:
             batch.heartbeat = [lease.member for *_, lease in self._heap]
             batch.heartbeat += [lease.member for lease in self._dispatched.values()]
         batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
         result = await self.queue.step(batch)
         self.stats.inc_value("frontier/round_trips")
+        if batch.latency:
+            self._latency = {}
+        self._next_wake = result.next_wake_ms / 1000 if result.next_wake_ms else None
+        if batch.pauses:
+            self._count("frontier/site_paused", len(batch.pauses))
         # Only now, with the step known to have run, drop what it carried.
         del self._enqueue[: len(batch.enqueue)]
         if settle:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
@@ -26,6 +27,7 @@ __all__ = [
     "UnserializableRequestError",
     "decode_request",
     "encode_request",
+    "site_of",
 ]
 
 #: Meta keys that only make sense inside one process and are not sent.
@@ -121,6 +123,15 @@ def _headers_to_json(headers: Iterable[tuple[bytes, list[bytes]]]) -> dict[str, 
         key.decode("latin-1"): [value.decode("latin-1") for value in values]
         for key, values in headers
     }
+
+
+def site_of(url: str) -> str:
+    """The politeness unit of a URL: its lower-cased host[:port].
+
+    Must agree with ``site_of`` in the Lua scripts, which reads it from the
+    start of an encoded payload.
+    """
+    return urlsplit(url).netloc.lower() or "_"
 
 
 def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:

@@ -35,10 +35,12 @@ def run(redis_url: str, scenario: Callable[..., Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-def entry(n: int, priority: int = 0, mode: bytes = b"f", tag: int = 0) -> tuple[bytes, int, bytes]:
+def entry(
+    n: int, priority: int = 0, mode: bytes = b"f", tag: int = 0, site: str = "s"
+) -> tuple[bytes, str, int, bytes]:
     """A queue entry; real payloads carry a unique id, *tag* stands for it."""
-    payload = b'{"url":"http://s/%d","priority":%d,"id":%d}' % (n, priority, tag)
-    return (mode + b"fp%d" % n, priority, payload)
+    payload = b'{"url":"http://%s/%d","priority":%d,"id":%d}' % (site.encode(), n, priority, tag)
+    return (mode + b"fp%d" % n, site, priority, payload)
 
 
 def test_priority_first_then_first_in_first_out(redis_url: str) -> None:
@@ -70,7 +72,8 @@ def test_duplicates_are_filtered_in_and_across_batches(
 
     run(redis_url, scenario)
     assert redis_client.scard(KEYS.dupefilter) == 4
-    assert redis_client.zcard(KEYS.queue) == 5
+    assert redis_client.zcard(KEYS.site_queue("s")) == 5
+    assert int(redis_client.get(KEYS.queued)) == 5
 
 
 def test_expired_lease_goes_back_and_heartbeat_keeps_it(
@@ -154,5 +157,6 @@ def test_release_puts_unstarted_leases_back(
         assert await a.release([a.request_member(p) for p, _ in leased]) == members
 
     run(redis_url, scenario)
-    assert redis_client.zcard(KEYS.queue) == 3
+    assert redis_client.zcard(KEYS.site_queue("s")) == 3
+    assert int(redis_client.get(KEYS.queued)) == 3
     assert redis_client.zcard(KEYS.inflight) == 0
