@@ -51,7 +51,9 @@ class MongoPipeline:
             try:
                 item = Product.model_validate(ItemAdapter(item).asdict())
             except ValidationError as exc:
-                raise DropItem("invalid product %s (%s)" % (item.url, ", ".join(field_errors(exc)))) from exc
+                raise DropItem(
+                    "invalid product {} ({})".format(item.url, ", ".join(field_errors(exc)))
+                ) from exc
         if isinstance(item, Product):
             await self._store.save_product(item)
         return item

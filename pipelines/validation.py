@@ -36,7 +36,9 @@ class ValidationConfig:
         """Read the settings."""
         return cls(
             enabled=settings.getbool("VALIDATION_ENABLED", DEFAULTS["VALIDATION_ENABLED"]),
-            store_rejects=settings.getbool("VALIDATION_STORE_REJECTS", DEFAULTS["VALIDATION_STORE_REJECTS"]),
+            store_rejects=settings.getbool(
+                "VALIDATION_STORE_REJECTS", DEFAULTS["VALIDATION_STORE_REJECTS"]
+            ),
         )
 
 
@@ -58,7 +60,9 @@ class ValidationPipeline:
         if not config.enabled:
             raise NotConfigured("VALIDATION_ENABLED is off")
         assert crawler.stats is not None
-        return cls(crawler.stats, MongoStore.from_crawler(crawler) if config.store_rejects else None)
+        return cls(
+            crawler.stats, MongoStore.from_crawler(crawler) if config.store_rejects else None
+        )
 
     async def open_spider(self) -> None:
         """Open the shared store the rejects go to."""
@@ -81,10 +85,12 @@ class ValidationPipeline:
             reasons = field_errors(exc)
             self._stats.inc_value("validation/dropped")
             for field in reasons:
-                self._stats.inc_value("validation/errors/%s" % field)
+                self._stats.inc_value(f"validation/errors/{field}")
             if self._store is not None:
                 await self._store.save_reject(data, reasons)
-            summary = "; ".join("%s: %s" % (field, ", ".join(messages)) for field, messages in reasons.items())
-            raise DropItem("invalid product %s (%s)" % (data.get("url"), summary)) from exc
+            summary = "; ".join(
+                "{}: {}".format(field, ", ".join(messages)) for field, messages in reasons.items()
+            )
+            raise DropItem("invalid product {} ({})".format(data.get("url"), summary)) from exc
         self._stats.inc_value("validation/passed")
         return product

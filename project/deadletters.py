@@ -67,7 +67,8 @@ class DeadLetterSink:
             return
         if self._client is None:
             self._client = AsyncMongoClient(self.uri, serverSelectionTimeoutMS=3000)
-        batch = self._pending[:]
+        # FerretDB 1.24 wedges on update commands touching 100+ documents.
+        batch = self._pending[:50]
         try:
             await self._client[self.database][self.collection].bulk_write(
                 [UpdateOne({"_id": d["_id"]}, {"$setOnInsert": d}, upsert=True) for d in batch],
@@ -90,6 +91,8 @@ class DeadLetterSink:
         self._failing = False
         del self._pending[: len(batch)]
         self.stats.inc_value("frontier/dead_export/stored", len(batch))
+        if self._pending:
+            await self.flush()
 
     async def close(self) -> None:
         if self._task is not None:

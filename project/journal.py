@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 _SUFFIX = ".jsonl"
 _LOCK_NAME = ".lock"
+_SLOT_PREFIX = "node-"
+_MAX_SLOTS = 1024
 
 
 class JournalLockedError(RuntimeError):
@@ -31,9 +33,14 @@ class Journal:
     a new process never appends to an older process's segment, so a torn write can only be the
     last line of a segment, and :meth:`read` skips it. Blocking file I/O: call it off the event
     loop (``asyncio.to_thread``).
+
+    Several processes on one host share the configured directory: each locks the first free slot
+    ``node-N`` below it, and adopts the segments of slots whose owner died (a free lock), so a
+    node's journal is replayed by whichever node starts next on that host.
     """
 
     def __init__(self, directory: Path, *, segment_records: int = 5000) -> None:
+        self.base: Path = directory
         self.directory: Path = directory
         self._segment_records = segment_records
         self._lock: IO[bytes] | None = None
@@ -43,17 +50,46 @@ class Journal:
         self._next_seq = 1
 
     def open(self) -> None:
-        """Create the directory and take its lock; raise ``JournalLockedError`` if it is taken."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        lock = (self.directory / _LOCK_NAME).open("ab")
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            lock.close()
-            raise JournalLockedError("journal %s is used by another process" % self.directory) from exc
-        self._lock = lock
+        """Lock the first free slot below the base directory and adopt orphaned slots.
+
+        Raises ``JournalLockedError`` when every slot is taken.
+        """
+        self.base.mkdir(parents=True, exist_ok=True)
+        for number in range(_MAX_SLOTS):
+            slot = self.base / f"{_SLOT_PREFIX}{number}"
+            lock = _try_lock(slot)
+            if lock is not None:
+                self.directory, self._lock = slot, lock
+                break
+        else:
+            raise JournalLockedError(f"all {_MAX_SLOTS} journal slots of {self.base} are in use")
         existing = self.segments()
         self._next_seq = int(existing[-1].stem) + 1 if existing else 1
+        self._adopt_orphans()
+
+    def _adopt_orphans(self) -> None:
+        """Move the segments of slots nobody holds (their node died) into this slot."""
+        legacy = [self.base] if any(self.base.glob("*" + _SUFFIX)) else []
+        for slot in [*sorted(self.base.glob(_SLOT_PREFIX + "*")), *legacy]:
+            if slot == self.directory or not slot.is_dir():
+                continue
+            lock = _try_lock(slot) if slot != self.base else None
+            if lock is None and slot != self.base:
+                continue  # a live node owns it
+            try:
+                orphans = sorted(p for p in slot.glob("*" + _SUFFIX) if p.stem.isdigit())
+                for segment in orphans:
+                    segment.rename(self.directory / f"{self._next_seq:012d}{_SUFFIX}")
+                    self._next_seq += 1
+                if orphans:
+                    _fsync_dir(self.directory)
+                    _fsync_dir(slot)
+                    logger.info(
+                        "adopted %d journal segments of %s (its node is gone)", len(orphans), slot
+                    )
+            finally:
+                if lock is not None:
+                    lock.close()
 
     def close(self) -> None:
         """Close the active segment and release the lock."""
@@ -70,7 +106,7 @@ class Journal:
         new_segment = self._active is None or self._active_records >= self._segment_records
         if new_segment:
             self.seal()
-            self._active_path = self.directory / ("%012d%s" % (self._next_seq, _SUFFIX))
+            self._active_path = self.directory / (f"{self._next_seq:012d}{_SUFFIX}")
             self._next_seq += 1
             self._active = self._active_path.open("ab")
             self._active_records = 0
@@ -126,13 +162,26 @@ class Journal:
         return journal_backlog(self.directory)
 
 
+def _try_lock(slot: Path) -> IO[bytes] | None:
+    """The slot's lock file, locked by this process, or None when another process holds it."""
+    slot.mkdir(parents=True, exist_ok=True)
+    lock = (slot / _LOCK_NAME).open("ab")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
 def journal_backlog(journal_dir: str | os.PathLike[str]) -> int:
-    """Number of journaled items waiting to be replayed into MongoDB (0 if there is no journal)."""
+    """Journaled items waiting to be replayed into MongoDB, over every node slot (0 if none)."""
     directory = Path(journal_dir)
     if not directory.is_dir():
         return 0
     total = 0
-    for segment in directory.glob("*" + _SUFFIX):
+    segments = [*directory.glob("*" + _SUFFIX), *directory.glob(f"{_SLOT_PREFIX}*/*{_SUFFIX}")]
+    for segment in segments:
         if segment.stem.isdigit():
             with segment.open("rb") as f:
                 total += sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))

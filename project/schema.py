@@ -84,8 +84,12 @@ class Product(BaseModel):
         text = _required_text(value)
         parts = urlsplit(text)
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise PydanticCustomError("url", "not an absolute http(s) URL: {value}", {"value": repr(text)})
-        return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path or "/", parts.query, ""))
+            raise PydanticCustomError(
+                "url", "not an absolute http(s) URL: {value}", {"value": repr(text)}
+            )
+        return urlunsplit(
+            (parts.scheme.lower(), parts.netloc.lower(), parts.path or "/", parts.query, "")
+        )
 
     @field_validator("name", "sku", mode="before")
     @classmethod
@@ -103,7 +107,9 @@ class Product(BaseModel):
                 raise PydanticCustomError("price", "not a price: {value}", {"value": repr(value)})
             price = Decimal(text.replace(",", ""))  # the pattern admits only valid decimals
         if not price.is_finite() or price <= 0:
-            raise PydanticCustomError("price", "price must be > 0, got {value}", {"value": repr(value)})
+            raise PydanticCustomError(
+                "price", "price must be > 0, got {value}", {"value": repr(value)}
+            )
         return price
 
     @field_validator("currency", mode="before")
@@ -111,7 +117,9 @@ class Product(BaseModel):
     def _currency(cls, value: object) -> str:
         text = _required_text(value).upper()
         if not _CURRENCY.fullmatch(text):
-            raise PydanticCustomError("currency", "not a 3-letter currency code: {value}", {"value": repr(value)})
+            raise PydanticCustomError(
+                "currency", "not a 3-letter currency code: {value}", {"value": repr(value)}
+            )
         return text
 
     @field_validator("availability", mode="before")
@@ -131,7 +139,9 @@ class Product(BaseModel):
             pass
         if key in _AVAILABILITY:
             return _AVAILABILITY[key]
-        raise PydanticCustomError("availability", "unknown availability: {value}", {"value": repr(value)})
+        raise PydanticCustomError(
+            "availability", "unknown availability: {value}", {"value": repr(value)}
+        )
 
     @field_validator("description", mode="before")
     @classmethod
@@ -156,7 +166,9 @@ class Product(BaseModel):
             url = urljoin(base, raw.strip()) if base else raw.strip()
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise PydanticCustomError("url", "image URL is not absolute http(s): {value}", {"value": repr(raw)})
+                raise PydanticCustomError(
+                    "url", "image URL is not absolute http(s): {value}", {"value": repr(raw)}
+                )
             if url not in urls:
                 urls.append(url)
         return urls

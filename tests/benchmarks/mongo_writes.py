@@ -1,0 +1,180 @@
+"""MongoDB write benchmark: the batched store vs one write per item.
+
+    python -m tests.benchmarks.mongo_writes [--items 500] [--runs 5] [--uri mongodb://...]
+
+Same run, same FerretDB (a private one unless ``--uri``), fresh database per variant and run.
+Each run writes ``--items`` new products (insert pass), then the same products again
+(re-crawl pass: all unchanged). Variants:
+
+- ``store batched``: ``MongoStore`` as the pipeline uses it, items submitted concurrently
+  (as Scrapy's CONCURRENT_ITEMS does), ``MONGO_BATCH_SIZE=100``;
+- ``update_one``: one ``update_one(..., upsert=True)`` per item, awaited in turn.
+
+Prints items/s (median of ``--runs``) and the ratio batched / one-by-one. On FerretDB (SQLite)
+every modified document costs about the same however it is sent, so the re-crawl pass
+(``last_seen`` bumps) gains little there; inserts gain the most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from scrapy import Spider
+from scrapy.utils.test import get_crawler
+
+from project.mongo import MongoStore
+from project.schema import Product
+from project.services import ServicesConfig, free_port, start_mongo, stop_service
+
+VARIANTS = ("store batched", "update_one")
+
+
+class _BenchSpider(Spider):
+    name = "bench"
+
+
+def _products(count: int) -> list[Product]:
+    return [
+        Product.model_validate(
+            {
+                "url": f"http://shop.test/product/{n}?ref=bench",
+                "canonical_url": f"http://shop.test/product/{n}",
+                "name": f"Bench Product {n}",
+                "price": f"{n % 500 + 1}.99",
+                "currency": "EUR",
+                "sku": f"SKU-{n:06d}",
+                "availability": "in stock",
+                "description": "Built to last and easy to clean.",
+                "breadcrumb": ["Home", "Bench"],
+                "image_urls": [f"/img/{n}-1.jpg", f"/img/{n}-2.jpg"],
+            }
+        )
+        for n in range(count)
+    ]
+
+
+async def _store_pass(
+    uri: str, database: str, journal: Path, products: list[Product], batch_size: int
+) -> float:
+    crawler = get_crawler(
+        _BenchSpider,
+        {
+            "MONGO_URI": uri,
+            "MONGO_DATABASE": database,
+            "MONGO_JOURNAL_DIR": str(journal),
+            "MONGO_BATCH_SIZE": batch_size,
+        },
+    )
+    store = MongoStore.from_crawler(crawler)
+    await store.open()
+    started = time.perf_counter()
+    await asyncio.gather(*(store.save_product(p) for p in products))
+    elapsed = time.perf_counter() - started
+    await store.close()
+    return elapsed
+
+
+async def _update_one_pass(uri: str, database: str, products: list[Product]) -> float:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
+    collection = client[database]["products"]
+    await collection.create_index("sku", name="sku")
+    started = time.perf_counter()
+    for product in products:
+        now = time.time()
+        doc = {
+            **product.content(),
+            "url": product.url,
+            "content_hash": product.content_hash(),
+            "last_seen": now,
+        }
+        await collection.update_one(
+            {"_id": product.canonical_url},
+            {"$set": doc, "$setOnInsert": {"first_seen": now}},
+            upsert=True,
+        )
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return elapsed
+
+
+async def _run(
+    variant: str, uri: str, products: list[Product], journal: Path
+) -> tuple[float, float]:
+    """Seconds of the insert pass and of the re-crawl pass."""
+    database = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        passes = []
+        for _ in range(2):
+            if variant == "update_one":
+                passes.append(await _update_one_pass(uri, database, products))
+            else:
+                passes.append(await _store_pass(uri, database, journal, products, 100))
+        return passes[0], passes[1]
+    finally:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        await client.drop_database(database)
+        await client.close()
+
+
+def main() -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.mongo_writes", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--items", type=int, default=500, help="products per pass (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        help="repetitions; medians are printed (default: %(default)s)",
+    )
+    parser.add_argument("--uri", help="an existing MongoDB/FerretDB instead of a private FerretDB")
+    args = parser.parse_args()
+    products = _products(args.items)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        services = None
+        uri = args.uri
+        if uri is None:
+            services = ServicesConfig(
+                state_dir=Path(tmp) / "state", redis_port=free_port(), mongo_port=free_port()
+            )
+            start_mongo(services)
+            uri = services.mongo_url
+        try:
+            results: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+            for run in range(args.runs):
+                # Rotate the order so no variant always runs on a warmer (or fuller) server.
+                order = VARIANTS[run % 2 :] + VARIANTS[: run % 2]
+                for variant in order:
+                    journal = Path(tmp) / (f"journal-{variant.replace(' ', '_')}-{run}")
+                    results[variant].append(asyncio.run(_run(variant, uri, products, journal)))
+        finally:
+            if services is not None:
+                stop_service(services, "mongo")
+
+    print(f"{args.items} items per pass, {args.runs} runs, median items/s ({uri})")
+    print(f"{'variant':<15} {'insert':>12} {'re-crawl':>12}")
+    rates: dict[str, tuple[float, float]] = {}
+    for variant in VARIANTS:
+        insert = statistics.median(args.items / first for first, _ in results[variant])
+        again = statistics.median(args.items / second for _, second in results[variant])
+        rates[variant] = (insert, again)
+        print(f"{variant:<15} {insert:12.0f} {again:12.0f}")
+    insert = rates["store batched"][0] / rates["update_one"][0]
+    again = rates["store batched"][1] / rates["update_one"][1]
+    print(f"batched / one-by-one: x{insert:.1f} insert, x{again:.1f} re-crawl")
+
+
+if __name__ == "__main__":
+    main()
