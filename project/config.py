@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import NotConfigured
@@ -42,7 +42,7 @@ class FrontierConfig:
     idle_poll_max: float = 1.0
     maintenance_seconds: float = 1.0
     redis_url: str = "redis://127.0.0.1:6379/0"
-    limits: SiteLimits = SiteLimits()
+    limits: SiteLimits = field(default_factory=SiteLimits)
     site_limits: tuple[tuple[str, float, int], ...] = ()
 
     @classmethod
@@ -54,6 +54,10 @@ class FrontierConfig:
                 f"FRONTIER_HEARTBEAT_SECONDS ({heartbeat}) must be below"
                 f" FRONTIER_LEASE_SECONDS ({lease}), or leases expire while held"
             )
+        try:
+            site_specs = settings.getdict("FLEET_SITE_LIMITS")
+        except ValueError as exc:
+            raise NotConfigured(f"FLEET_SITE_LIMITS must be a dict or JSON object: {exc}") from exc
         config = cls(
             node_id=settings.get("FRONTIER_NODE_ID") or default_node_id(),
             lease_seconds=lease,
@@ -74,7 +78,7 @@ class FrontierConfig:
             limits=SiteLimits(
                 rate=settings.getfloat("FLEET_SITE_RATE", 0.0),
                 concurrency=settings.getint("FLEET_SITE_CONCURRENCY", 0),
-                burst_seconds=settings.getfloat("FLEET_BURST_SECONDS", 0.2),
+                burst_seconds=settings.getfloat("FLEET_BURST_SECONDS", 0.1),
                 adaptive=settings.getbool("FLEET_AUTOTHROTTLE_ENABLED", False),
                 target_concurrency=settings.getfloat("FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY", 4.0),
                 min_rate=settings.getfloat("FLEET_AUTOTHROTTLE_MIN_RATE", 0.5),
@@ -82,7 +86,7 @@ class FrontierConfig:
             ),
             site_limits=tuple(
                 (site.lower(), float(spec.get("rate", 0)), int(spec.get("concurrency", 0)))
-                for site, spec in settings.getdict("FLEET_SITE_LIMITS").items()
+                for site, spec in site_specs.items()
             ),
         )
         if config.batch_max < 1 or config.batch_max > 2000:

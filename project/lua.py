@@ -25,8 +25,22 @@ __all__ = ["RELEASE", "REQUEUE_DEAD", "STEP", "WIDE_KEYS"]
 
 #: Order of the keys every script receives.
 WIDE_KEYS = (
-    "queue", "inflight", "delayed", "dupefilter", "seq", "start_urls", "dead",
-    "throttled", "limits", "rates", "buckets", "active", "leases", "lat_sum", "lat_n", "queued",
+    "queue",
+    "inflight",
+    "delayed",
+    "dupefilter",
+    "seq",
+    "start_urls",
+    "dead",
+    "throttled",
+    "limits",
+    "rates",
+    "buckets",
+    "active",
+    "leases",
+    "lat_sum",
+    "lat_n",
+    "queued",
 )
 
 _COMMON = r"""
@@ -151,7 +165,9 @@ end
 # Returns {added, duplicates, leased{payload, score, ...}, seeds{...},
 #          reaped, promoted, counts{queued, delayed, inflight, seeds} or {},
 #          next throttled wake-up in ms or false}
-STEP = _COMMON + r"""
+STEP = (
+    _COMMON
+    + r"""
 local node, now, deadline = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local want, seed_want, maintain = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local default_rate, default_conc = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -415,9 +431,12 @@ end
 local next_wake = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
 return {added, dupes, leased, seeds, reaped, promoted, counts, next_wake[2] or false}
 """
+)
 
 # Give back everything a node holds (clean shutdown). ARGV: members.
-RELEASE = _COMMON + r"""
+RELEASE = (
+    _COMMON
+    + r"""
 local held = {}
 for _, m in ipairs(ARGV) do
     if redis.call('ZREM', K.inflight, m) == 1 then held[#held + 1] = m end
@@ -425,10 +444,13 @@ end
 if #held == 0 then return 0 end
 return requeue(held)
 """
+)
 
 # Move dead letters back to the queue. ARGV: pairs of (raw dead record,
 # payload to queue); a record another client already removed is skipped.
-REQUEUE_DEAD = _COMMON + r"""
+REQUEUE_DEAD = (
+    _COMMON
+    + r"""
 local payloads = {}
 for j = 1, #ARGV, 2 do
     if redis.call('LREM', K.dead, 1, ARGV[j]) == 1 then payloads[#payloads + 1] = ARGV[j + 1] end
@@ -436,3 +458,4 @@ end
 push_payloads(payloads)
 return #payloads
 """
+)

@@ -289,7 +289,10 @@ class MongoStore:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._pending.append((record, future))
-        if len(self._pending) >= self.config.batch_size:
+        # Group commit: an idle writer flushes at once (the item waits one
+        # round trip, not the interval); while a write is under way items
+        # gather into the next batch.
+        if len(self._pending) >= self.config.batch_size or not self._flush_lock.locked():
             if not self._flush_queued:
                 self._flush_queued = True
                 self._spawn(self._flush())
@@ -319,6 +322,9 @@ class MongoStore:
                 except Exception as exc:  # every waiting item must hear about it, whatever it is
                     logger.exception("could not store %d items", len(chunk))
                     _settle(chunk, dict.fromkeys(range(len(chunk)), exc))
+            if self._pending and not self._flush_queued:
+                self._flush_queued = True
+                self._spawn(self._flush())
 
     async def _flush_chunk(self, chunk: list[_Pending]) -> None:
         records = [record for record, _ in chunk]

@@ -50,8 +50,19 @@ class FrontierKeys:
         own = {
             field: f"{name}:{field}"
             for field in (
-                "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates",
-                "buckets", "active", "leases", "lat_sum", "lat_n", "queued",
+                "inflight",
+                "delayed",
+                "dead",
+                "seq",
+                "throttled",
+                "limits",
+                "rates",
+                "buckets",
+                "active",
+                "leases",
+                "lat_sum",
+                "lat_n",
+                "queued",
             )
         }
         return cls(
@@ -76,7 +87,7 @@ class SiteLimits:
 
     rate: float = 0.0  # requests/s per site, 0 = unlimited
     concurrency: int = 0  # requests in flight per site, 0 = unlimited
-    burst_seconds: float = 0.2
+    burst_seconds: float = 0.1
     adaptive: bool = False
     target_concurrency: float = 4.0
     min_rate: float = 0.5
@@ -232,7 +243,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
 async def clear_frontier(server: Redis, keys: FrontierKeys) -> None:
     """Delete every key of a frontier, per-site queues included."""
-    sites = set(await server.zrange(keys.queue, 0, -1))
+    sites: set[Any] = set(await server.zrange(keys.queue, 0, -1))
     sites |= set(await server.zrange(keys.throttled, 0, -1))
-    doomed = [keys.site_queue(s.decode()) for s in sites] + keys.wide()
+    doomed = [keys.site_queue(site.decode()) for site in sites] + keys.wide()
     await server.delete(*doomed)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 from protego import Protego
-from twisted.internet.defer import Deferred
 from redis.exceptions import RedisError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
@@ -18,6 +17,7 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy_redis import defaults
+from twisted.internet.defer import Deferred
 
 from project.queue import FrontierKeys
 
@@ -83,7 +83,8 @@ class FleetRobotsTxtMiddleware(RobotsTxtMiddleware):
         return parser
 
     async def _shared_body(self, request: Request, netloc: str) -> bytes:
-        assert self._server is not None and self._keys is not None
+        assert self._server is not None
+        assert self._keys is not None
         key = self._robots_key
         lock_key = f"{key}:lock:{netloc}"
         deadline = time.monotonic() + _LOCK_SECONDS
@@ -129,14 +130,17 @@ class FleetRobotsTxtMiddleware(RobotsTxtMiddleware):
         delay = Protego.parse(body.decode("utf-8", "replace")).crawl_delay(agent)
         if not delay:
             return
-        assert self._server is not None and self._keys is not None
+        assert self._server is not None
+        assert self._keys is not None
         site = netloc.lower()
         rate = 1.0 / float(delay)
-        current = await self._server.hget(self._keys.limits, site)
-        cap, concurrency = (current.decode().split() if current else ("0", "0"))
+        current: Any = await self._server.hget(self._keys.limits, site)
+        cap, concurrency = current.decode().split() if current else ("0", "0")
         if float(cap) <= 0 or rate < float(cap):
             await self._server.hset(self._keys.limits, site, f"{rate} {concurrency}")
             logger.info(
                 "Crawl-delay %ss of %s: fleet-wide rate capped at %.2f requests/s",
-                delay, site, rate,
+                delay,
+                site,
+                rate,
             )

@@ -143,11 +143,12 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self.config.lease_seconds,
             extra={"spider": spider},
         )
-        if self.config.site_limits:
-            await self.server.hset(
-                keys.limits,
-                mapping={site: f"{rate} {conc}" for site, rate, conc in self.config.site_limits},
-            )
+        # "*" records this fleet's defaults for status readers; the Lua
+        # scripts take the defaults from each node's own settings.
+        limits = self.config.limits
+        mapping = {"*": f"{limits.rate} {limits.concurrency}"}
+        mapping.update({site: f"{rate} {conc}" for site, rate, conc in self.config.site_limits})
+        await self.server.hset(keys.limits, mapping=mapping)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def close(self, reason: str) -> Deferred[None]:
@@ -295,7 +296,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         held = len(self._heap) + len(self._dispatched)
         # A fast node drains its local batch within one tick: lease ahead by
         # about what it consumed last tick, so it never waits on Redis.
-        prefetch = max(self.config.prefetch, 2 * self._consumed)
+        # FRONTIER_PREFETCH = 0 asks for strict priority order instead.
+        prefetch = max(self.config.prefetch, 2 * self._consumed) if self.config.prefetch else 0
         return max(0, min(self.config.batch_max, self.config.concurrency + prefetch - held))
 
     async def _run(self) -> None:

@@ -58,19 +58,25 @@ def site_table(
     client: redis.Redis, keys: FrontierKeys, default_rate: float = 0.0
 ) -> list[dict[str, Any]]:
     """Per site: queued, in flight, leases granted, fleet-wide rate cap and state."""
-    ready = {s.decode(): float(v) for s, v in client.zrange(keys.queue, 0, -1, withscores=True)}
-    parked = {
-        s.decode(): float(v) for s, v in client.zrange(keys.throttled, 0, -1, withscores=True)
-    }
-    known = set(ready) | set(parked) | {s.decode() for s in client.hkeys(keys.leases)}
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    ready_sites: Any = client.zrange(keys.queue, 0, -1, withscores=True)
+    parked_sites: Any = client.zrange(keys.throttled, 0, -1, withscores=True)
+    ready = {text(s): float(v) for s, v in ready_sites}
+    parked = {text(s): float(v) for s, v in parked_sites}
+    known = set(ready) | set(parked) | {text(s) for s in client.hkeys(keys.leases)}
+    fleet_default = client.hget(keys.limits, "*")
+    default = text(fleet_default).split() if fleet_default else [str(default_rate), "0"]
     rows = []
     now_ms = time.time() * 1000
     for site in sorted(known):
         limit = client.hget(keys.limits, site)
-        rate, conc = limit.decode().split() if limit else (str(default_rate), "0")
+        rate, conc = text(limit).split() if limit else default
         adaptive = client.hget(keys.rates, site)
-        if adaptive is not None and (float(rate) <= 0 or float(adaptive) < float(rate)):
-            rate = adaptive.decode()
+        if adaptive is not None and (float(rate) <= 0 or float(text(adaptive)) < float(rate)):
+            rate = text(adaptive)
         rows.append(
             {
                 "site": site,
@@ -143,7 +149,7 @@ def retry_dead_letters(client: redis.Redis, spider: str) -> tuple[int, int]:
     from project import lua
 
     keys = FrontierKeys.for_spider(spider)
-    pairs: list[bytes] = []
+    pairs: list[Any] = []
     skipped = 0
     for raw in client.lrange(keys.dead, 0, -1):
         record = json.loads(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -51,7 +52,8 @@ class Fleet:
         merged = {**FAST_SETTINGS, **self.settings, **settings}
         argv = [sys.executable, "-m", "scrapy", "crawl", self.spider]
         for key, value in merged.items():
-            argv += ["-s", f"{key}={value}"]
+            text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            argv += ["-s", f"{key}={text}"]
         index = len(self.procs)
         with (self.log_dir / f"node{index}.log").open("wb") as log:
             proc = subprocess.Popen(

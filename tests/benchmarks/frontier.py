@@ -42,27 +42,28 @@ def _commands(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if "info" not in k)
 
 
-def _clients_calls(client: redis.Redis) -> int:
-    # Round trips: every command a client sent, scripts counted once.
-    stats = client.info("commandstats")
-    nested = {"zadd", "zpopmin", "smismember", "sadd", "incrby", "zrem", "zrangebyscore",
-              "zcard", "llen", "rpop", "lpush", "rpush"}
-    scripted = sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_evalsha"))
-    return scripted
-
-
-def run_variant(variant: str, nodes: int, shop: ShopServer, redis_url: str) -> dict[str, Any]:
+def run_variant(
+    variant: str, nodes: int, shop: ShopServer, redis_url: str, concurrency: int = 16
+) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
     client.flushall()
     client.config_resetstat()
     shop.reset()
-    env = dict(os.environ, REDIS_URL=redis_url, BENCH_SEED=shop.url("/"), PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        REDIS_URL=redis_url,
+        BENCH_SEED=shop.url("/"),
+        BENCH_CONCURRENCY=str(concurrency),
+        PYTHONPATH=str(ROOT),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"node{i}.json" for i in range(nodes)]
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.benchmarks.frontier_node", variant, str(out)],
-                cwd=ROOT, env=env, stderr=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
+                stderr=subprocess.DEVNULL,
             )
             for out in outs
         ]
@@ -86,13 +87,13 @@ def run_variant(variant: str, nodes: int, shop: ShopServer, redis_url: str) -> d
         "cpu_ms_per_page": 1000 * cpu / pages,
         "commands_per_page": commands / pages if variant != "memory" else 0.0,
         "round_trips_per_page": round_trips / pages if variant != "memory" else 0.0,
+        "max_rss_mib": statistics.median(r["max_rss_kib"] for r in results) / 1024,
     }
 
 
 def _product_requests(spider: ProductsSpider, base: str, n: int) -> list[Request]:
     return [
-        Request(f"{base}/product/{i}", callback=spider.parse_product, priority=0)
-        for i in range(n)
+        Request(f"{base}/product/{i}", callback=spider.parse_product, priority=0) for i in range(n)
     ]
 
 
@@ -120,8 +121,12 @@ def storage_bytes(redis_url: str, base: str, n: int = 5000) -> dict[str, dict[st
         leased = LeasedQueue(aclient, spider, keys, "bench", 60000)
         fps = crawler.request_fingerprinter
         batch = [
-            (b"f" + fps.fingerprint(r), site_of(r.url), r.priority,
-             encode_request(r, spider, id=os.urandom(6).hex()))
+            (
+                b"f" + fps.fingerprint(r),
+                site_of(r.url),
+                r.priority,
+                encode_request(r, spider, id=os.urandom(6).hex()),
+            )
             for r in requests
         ]
         for start in range(0, n, 500):
@@ -159,9 +164,11 @@ def main() -> None:
 def _run_all(args: argparse.Namespace, redis_url: str) -> None:
     plan = [("memory", 1), ("stock", 1), ("fleet", 1), ("stock", 2), ("fleet", 2)]
     print(f"catalogue: {args.products} products; medians of {args.runs} runs; pipelines off")
-    header = (f"{'latency':>7} {'variant':>8} {'nodes':>5} {'pages':>6} {'pages/s':>8} "
-              f"{'cpu ms/page':>11} {'x memory':>8} {'cmds/page':>9} {'x stock':>7} "
-              f"{'trips/page':>10}")
+    header = (
+        f"{'latency':>7} {'variant':>8} {'nodes':>5} {'pages':>6} {'pages/s':>8} "
+        f"{'cpu ms/page':>11} {'x memory':>8} {'cmds/page':>9} {'x stock':>7} "
+        f"{'trips/page':>10}"
+    )
     print(header)
     for latency in (int(x) for x in args.latencies.split(",")):
         with ShopServer(args.products, latency_ms=latency) as shop:

@@ -52,6 +52,7 @@ class _Probe:
                     "pages": self.pages,
                     "seconds": self.last[0] - first[0],
                     "cpu": self.last[1] - first[1],
+                    "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                     "reason": reason,
                 },
                 handle,

@@ -1,0 +1,137 @@
+"""Politeness across the fleet, measured by the shop on the server side."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from project.status import frontier_snapshot
+from tests.fleet import stat
+
+if TYPE_CHECKING:
+    from tests.fleet import Fleet
+    from tests.site.server import ShopServer
+
+pytestmark = pytest.mark.slow
+
+
+def _steady_rates(shop: ShopServer) -> list[int]:
+    """Requests received per second, without the partial first and last seconds."""
+    per_second = {int(k): v for k, v in shop.stats()["per_second"].items()}
+    first, last = min(per_second), max(per_second)
+    return [per_second.get(second, 0) for second in range(first + 1, last)]
+
+
+def _wait_until(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redis_url) -> None:
+    limit = 20
+    shop = make_shop(products=400, latency_ms=20)
+    fleet.seed(shop.url("/"))
+    for _ in range(3):
+        fleet.start_node(FLEET_SITE_RATE=limit)
+    assert fleet.wait(120) == [0, 0, 0]
+
+    rates = _steady_rates(shop)
+    print(f"server-side requests/s with a fleet limit of {limit}: {rates}")
+    assert len(rates) >= 10
+    assert max(rates) <= limit * 1.1 + 1, rates
+    assert abs(statistics.mean(rates) - limit) <= limit * 0.1, rates
+    assert all(stat(fleet.log(i), "downloader/response_count") > 20 for i in range(3))
+    with redis.Redis.from_url(redis_url) as client:
+        (site,) = frontier_snapshot(client, "products")["sites"]
+    assert site["site"] == urlsplit(shop.url("/")).netloc
+    assert site["allowed_rate"] == limit
+    assert site["leases"] == shop.stats()["total"] - 1  # robots.txt is not leased
+
+
+def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_shop) -> None:
+    limit = 20
+    shop = make_shop(products=300, latency_ms=20)
+    fleet.seed(shop.url("/"))
+    for _ in range(3):
+        fleet.start_node(
+            FLEET_SITE_RATE=0,
+            DOWNLOAD_DELAY=1 / limit,
+            RANDOMIZE_DOWNLOAD_DELAY=False,
+            CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        )
+    assert fleet.wait(120) == [0, 0, 0]
+    rates = _steady_rates(shop)
+    print(f"server-side requests/s with per-process delays of 1/{limit} s: {rates}")
+    # About three times the limit on an idle machine; the suite's own load lowers it.
+    assert statistics.mean(rates) >= 1.5 * limit
+
+
+def test_a_throttled_site_does_not_slow_the_other(fleet: Fleet, make_shop, redis_client) -> None:
+    slow = make_shop(products=100, latency_ms=10)
+    fast = make_shop(products=500, latency_ms=30)
+    slow_site = urlsplit(slow.url("/")).netloc
+
+    def crawl_fast_site() -> float:
+        started = time.monotonic()
+        _wait_until(lambda: len(fast.stats()["product_hits"]) == 500, 120)
+        return time.monotonic() - started
+
+    # Baseline: the fast site alone.
+    fleet.seed(fast.url("/"))
+    fleet.start_node()
+    fleet.start_node()
+    alone = crawl_fast_site()
+    assert fleet.wait(60) == [0, 0]
+
+    redis_client.flushall()
+    fast.reset()
+    fleet.seed(slow.url("/"), fast.url("/"))
+    limits = {slow_site: {"rate": 2}}
+    fleet.start_node(FLEET_SITE_LIMITS=limits)
+    fleet.start_node(FLEET_SITE_LIMITS=limits)
+    together = crawl_fast_site()
+    fleet.stop()
+
+    assert together <= alone * 1.5 + 2, (alone, together)
+    assert max(_steady_rates(slow)) <= 3
+    assert len(slow.stats()["product_hits"]) < 100, "the slow site cannot be done yet"
+
+
+def test_crawl_delay_is_honoured_fleet_wide(fleet: Fleet, make_shop) -> None:
+    shop = make_shop(products=40, robots_crawl_delay=0.25)
+    fleet.seed(shop.url("/"))
+    fleet.start_node()
+    fleet.start_node()
+    assert fleet.wait(120) == [0, 0]
+
+    stats = shop.stats()
+    assert stats["hits"]["/robots.txt"] == 1, "robots.txt is fetched once per fleet"
+    rates = _steady_rates(shop)
+    assert max(rates) <= 4 * 1.1 + 1, rates
+    assert statistics.mean(rates) <= 4 * 1.1, rates
+    assert len(stats["product_hits"]) == 40
+
+
+def test_retry_after_pauses_the_site_for_every_node(fleet: Fleet, make_shop) -> None:
+    shop = make_shop(products=100, latency_ms=10, retry_after_burst=4, retry_after=3)
+    fleet.seed(shop.url("/"))
+    fleet.start_node()
+    fleet.start_node()
+    assert fleet.wait(120) == [0, 0]
+
+    stats = shop.stats()
+    assert stats["statuses"]["429"] == 4
+    per_second = {int(k): v for k, v in stats["per_second"].items()}
+    seconds = range(min(per_second), max(per_second) + 1)
+    silent = [s for s in seconds if per_second.get(s, 0) == 0]
+    assert silent, f"no pause in {per_second}"
+    assert len(stats["product_hits"]) == 100
+    paused = sum(stat(fleet.log(i), "frontier/site_paused") for i in (0, 1))
+    assert paused >= 1
