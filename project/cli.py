@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from project import fleet
@@ -41,6 +42,9 @@ def _status(args: argparse.Namespace) -> int:
     if args.watch:
         return watch(reader, args.interval)
     try:
+        # Two reads a second apart give each site's achieved rate.
+        reader.read()
+        time.sleep(1.0)
         snapshot = reader.read()
     except RedisError as exc:
         print(
@@ -64,6 +68,13 @@ def _status(args: argparse.Namespace) -> int:
     print(f"seeds waiting   {snapshot['seeds_waiting']}")
     print(f"seen            {snapshot['seen']} URLs ({snapshot['seen_bytes']} bytes)")
     print(f"dead letters    {snapshot['dead_letters']}")
+    for site in snapshot["sites"]:
+        allowed = f"{site['allowed_rate']:g}/s" if site["allowed_rate"] > 0 else "unlimited"
+        print(
+            f"site            {site['site']}: {site['state']}, allowed {allowed},"
+            f" achieved {site['achieved_rate']:.1f}/s, {site['queued']} queued,"
+            f" {site['in_flight']} in flight"
+        )
     if "error" in mongo:
         print(f"mongodb         {mongo['error']}")
     else:

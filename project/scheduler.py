@@ -146,7 +146,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         # "*" records this fleet's defaults for status readers; the Lua
         # scripts take the defaults from each node's own settings.
         limits = self.config.limits
-        mapping = {"*": f"{limits.rate} {limits.concurrency}"}
+        mapping: dict[Any, Any] = {"*": f"{limits.rate} {limits.concurrency}"}
         mapping.update({site: f"{rate} {conc}" for site, rate, conc in self.config.site_limits})
         await self.server.hset(keys.limits, mapping=mapping)
         self._task = asyncio.get_running_loop().create_task(self._run())

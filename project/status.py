@@ -395,6 +395,7 @@ class StatusReader:
         self.mongo_uri = mongo_uri
         self.database = database
         self._mongo: pymongo.MongoClient[dict[str, Any]] | None = None
+        self._last_leases: tuple[float, dict[str, int]] | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> StatusReader:
@@ -408,6 +409,7 @@ class StatusReader:
     def read(self) -> dict[str, Any]:
         """:func:`fleet_status` plus MongoDB counts (raises ``RedisError`` if Redis is away)."""
         status = fleet_status(self.redis, self.spider)
+        self._achieved_rates(status.get("sites", []))
         if self.mongo_uri:
             if self._mongo is None:
                 import pymongo  # imported late: the failures command needs no MongoDB client
@@ -416,6 +418,18 @@ class StatusReader:
             where = f"MongoDB at {mask_url(self.mongo_uri)}"
             status["mongo"] = mongo_counts(self._mongo, self.database, where)
         return status
+
+    def _achieved_rates(self, sites: list[dict[str, Any]]) -> None:
+        """Leases per second of each site since the previous read (None on the first)."""
+        now = time.monotonic()
+        leases = {site["site"]: int(site["leases"]) for site in sites}
+        for site in sites:
+            site["achieved_rate"] = None
+            if self._last_leases is not None:
+                then, before = self._last_leases
+                granted = leases[site["site"]] - before.get(site["site"], leases[site["site"]])
+                site["achieved_rate"] = granted / max(now - then, 1e-6)
+        self._last_leases = (now, leases)
 
     def history(self, since: str | None = None) -> list[dict[str, Any]]:
         """Fleet samples after stream id *since* (all of the last hour without it)."""

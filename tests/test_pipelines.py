@@ -766,7 +766,9 @@ def test_killed_crawl_journal_is_replayed_at_next_start(
     assert crawl.process.returncode == -signal.SIGKILL
     reader = Journal(journal)
     # The killed node's slot (node-0) below the configured journal folder.
-    records = [r for segment in sorted(journal.glob("node-*/*.jsonl")) for r in reader.read(segment)]
+    records = [
+        r for segment in sorted(journal.glob("node-*/*.jsonl")) for r in reader.read(segment)
+    ]
     expected_products = {r["id"] for r in records if r["kind"] == "product"}
     expected_rejects = {r["id"] for r in records if r["kind"] == "reject"}
     assert expected_products

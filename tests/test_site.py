@@ -40,7 +40,13 @@ def _hrefs(html: str) -> list[str]:
 @pytest.fixture(scope="module")
 def shop() -> Iterator[ShopServer]:
     with ShopServer(
-        300, seed=3, js_share=0.1, malformed_share=0.1, flaky_share=0.1, broken_share=0.05, flaky_failures=2
+        300,
+        seed=3,
+        js_share=0.1,
+        malformed_share=0.1,
+        flaky_share=0.1,
+        broken_share=0.05,
+        flaky_failures=2,
     ) as server:
         yield server
 
@@ -60,7 +66,9 @@ def expected(shop: ShopServer) -> dict[str, list[int]]:
 def test_root_links_every_category(shop: ShopServer) -> None:
     status, _, html = _fetch(shop.url("/"))
     assert status == 200
-    linked = {m.group(1) for href in _hrefs(html) if (m := re.match(r"/category/([a-z0-9-]+)\?", href))}
+    linked = {
+        m.group(1) for href in _hrefs(html) if (m := re.match(r"/category/([a-z0-9-]+)\?", href))
+    }
     categories = shop.catalogue()["categories"]
     assert len(categories) >= 3
     assert linked == {c["slug"] for c in categories}
@@ -69,7 +77,9 @@ def test_root_links_every_category(shop: ShopServer) -> None:
 def test_listing_walk_reaches_every_product_under_variants(shop: ShopServer) -> None:
     _, _, root = _fetch(shop.url("/"))
     starts = [h for h in _hrefs(root) if h.startswith("/category/")]
-    assert any("utm_source" in h for h in starts), "the root should link some listings under a variant"
+    assert any("utm_source" in h for h in starts), (
+        "the root should link some listings under a variant"
+    )
     hrefs_by_id: dict[int, set[str]] = defaultdict(set)
     listings = 0
     for start in starts:
@@ -91,14 +101,18 @@ def test_listing_walk_reaches_every_product_under_variants(shop: ShopServer) -> 
         assert any(marker in href for href in variants), marker
 
 
-def test_product_page_markup_matches_catalogue(shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_product_page_markup_matches_catalogue(
+    shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     product_id = expected["plain"][0]
     truth = shop.catalogue()["products"][product_id - 1]
     status, _, html = _fetch(shop.url(f"/product/{product_id}?utm_source=x#reviews"))
     assert status == 200
     assert f'<div class="product" data-product-id="{product_id}">' in html
     assert f'<h1 class="product-name">{escape(truth["name"])}</h1>' in html
-    assert f'<span class="price" data-currency="{truth["currency"]}">{truth["price"]}</span>' in html
+    assert (
+        f'<span class="price" data-currency="{truth["currency"]}">{truth["price"]}</span>' in html
+    )
     assert f'<span class="sku">{truth["sku"]}</span>' in html
     assert f'<span class="availability">{truth["availability"]}</span>' in html
     assert f'<link rel="canonical" href="{shop.url(f"/product/{product_id}")}">' in html
@@ -115,7 +129,9 @@ def test_images_and_robots(shop: ShopServer) -> None:
     assert robots == "User-agent: *\nDisallow:\n"
 
 
-@pytest.mark.parametrize("path", ["/nope", "/product/0", "/product/301", "/category/nope", "/img/1-9.jpg"])
+@pytest.mark.parametrize(
+    "path", ["/nope", "/product/0", "/product/301", "/category/nope", "/img/1-9.jpg"]
+)
 def test_unknown_paths_are_404(shop: ShopServer, path: str) -> None:
     assert _fetch(shop.url(path))[0] == 404
 
@@ -126,15 +142,25 @@ def test_listing_page_out_of_range_is_404(shop: ShopServer) -> None:
     assert _fetch(shop.url(f"/category/{category['slug']}?page=x"))[0] == 404
 
 
-def test_stats_count_product_hits_across_variants(fresh_shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_stats_count_product_hits_across_variants(
+    fresh_shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     product_id = expected["plain"][1]
-    variants = [f"/product/{product_id}", f"/product/{product_id}?b=2&a=1", f"/product/{product_id}#reviews"]
+    variants = [
+        f"/product/{product_id}",
+        f"/product/{product_id}?b=2&a=1",
+        f"/product/{product_id}#reviews",
+    ]
     for path in variants:
         assert _fetch(fresh_shop.url(path))[0] == 200
     _fetch(fresh_shop.url("/"))
     stats = fresh_shop.stats()
     assert stats["product_hits"] == {str(product_id): 3}
-    assert stats["hits"] == {f"/product/{product_id}": 2, f"/product/{product_id}?b=2&a=1": 1, "/": 1}
+    assert stats["hits"] == {
+        f"/product/{product_id}": 2,
+        f"/product/{product_id}?b=2&a=1": 1,
+        "/": 1,
+    }
     assert stats["statuses"] == {"200": 4}
     assert stats["total"] == 4
     assert sum(stats["per_second"].values()) == 4
@@ -142,7 +168,9 @@ def test_stats_count_product_hits_across_variants(fresh_shop: ShopServer, expect
     assert stats["config"]["flaky_failures"] == 2
 
 
-def test_flaky_pages_answer_503_then_200(fresh_shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_flaky_pages_answer_503_then_200(
+    fresh_shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     product_id = expected["flaky"][0]
     statuses = [_fetch(fresh_shop.url(f"/product/{product_id}?try={i}"))[0] for i in range(4)]
     assert statuses == [503, 503, 200, 200]
@@ -151,7 +179,9 @@ def test_flaky_pages_answer_503_then_200(fresh_shop: ShopServer, expected: dict[
     assert _fetch(fresh_shop.url(f"/product/{product_id}"))[0] == 503
 
 
-def test_broken_pages_always_answer_503(fresh_shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_broken_pages_always_answer_503(
+    fresh_shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     product_id = expected["broken"][0]
     assert [_fetch(fresh_shop.url(f"/product/{product_id}"))[0] for _ in range(4)] == [503] * 4
     assert fresh_shop.stats()["statuses"] == {"503": 4}
@@ -170,10 +200,16 @@ def test_js_pages_hide_product_markup(shop: ShopServer, expected: dict[str, list
     blob = re.search(r'atob\("([A-Za-z0-9+/=]+)"\)', html)
     assert blob is not None
     data = json.loads(base64.b64decode(blob.group(1)))
-    assert (data["name"], data["price"], data["sku"]) == (truth["name"], truth["price"], truth["sku"])
+    assert (data["name"], data["price"], data["sku"]) == (
+        truth["name"],
+        truth["price"],
+        truth["sku"],
+    )
 
 
-def test_malformed_pages_have_no_valid_price(shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_malformed_pages_have_no_valid_price(
+    shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     products = shop.catalogue()["products"]
     missing = garbage = 0
     for product_id in expected["malformed"]:
@@ -191,7 +227,9 @@ def test_malformed_pages_have_no_valid_price(shop: ShopServer, expected: dict[st
     assert garbage > 0
 
 
-def test_expected_kinds_partition_the_catalogue(shop: ShopServer, expected: dict[str, list[int]]) -> None:
+def test_expected_kinds_partition_the_catalogue(
+    shop: ShopServer, expected: dict[str, list[int]]
+) -> None:
     kinds = ("plain", "js", "malformed", "flaky", "broken")
     ids = [pid for kind in kinds for pid in expected[kind]]
     assert sorted(ids) == list(range(1, 301))
@@ -245,7 +283,9 @@ def test_latency_retry_after_burst_and_robots() -> None:
         started = time.monotonic()
         status, _, robots = _fetch(server.url("/robots.txt"))
         assert time.monotonic() - started >= 0.2
-        assert robots == "User-agent: *\nCrawl-delay: 1.5\nDisallow: /private\nDisallow: /checkout\n"
+        assert (
+            robots == "User-agent: *\nCrawl-delay: 1.5\nDisallow: /private\nDisallow: /checkout\n"
+        )
 
         plain = next(pid for pid in range(1, 21) if pid not in server.stats()["expected"]["slow"])
         for _ in range(2):

@@ -15,7 +15,9 @@ def main() -> None:
     """Parse the command line and serve."""
     config = parse_args()
     # Warnings and errors only, on stderr: stdout carries the LISTENING line and nothing else.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s [%(name)s] %(levelname)s: %(message)s"
+    )
     observer: Any = STDLibLogObserver()  # an ILogObserver; mypy cannot read zope interfaces
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     run(config)

@@ -124,7 +124,12 @@ def generate_catalogue(
     """Build the catalogue; the same arguments always give the same catalogue."""
     if n_products < 1:
         raise ValueError(f"n_products must be >= 1, got {n_products!r}")
-    shares = {"js": js_share, "malformed": malformed_share, "flaky": flaky_share, "broken": broken_share}
+    shares = {
+        "js": js_share,
+        "malformed": malformed_share,
+        "flaky": flaky_share,
+        "broken": broken_share,
+    }
     for name, share in [*shares.items(), ("slow", slow_share)]:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"{name}_share must be within [0, 1], got {share!r}")
@@ -168,7 +173,8 @@ def generate_catalogue(
         for index in memberships[product_id]:
             members[index].append(product_id)
     categories = tuple(
-        Category(slug, name, tuple(pids)) for slug, name, pids in zip(slugs, names, members, strict=True)
+        Category(slug, name, tuple(pids))
+        for slug, name, pids in zip(slugs, names, members, strict=True)
     )
     return Catalogue(seed=seed, products=tuple(products), categories=categories)
 
@@ -177,7 +183,10 @@ def _category_names(rng: random.Random, count: int) -> list[str]:
     pool = [f"{adj} {noun}" for adj in _CATEGORY_ADJECTIVES for noun in _CATEGORY_NOUNS]
     rng.shuffle(pool)
     # Past the pool size, names repeat with a numeric suffix so slugs stay unique.
-    return [pool[i % len(pool)] + ("" if i < len(pool) else f" {i // len(pool) + 1}") for i in range(count)]
+    return [
+        pool[i % len(pool)] + ("" if i < len(pool) else f" {i // len(pool) + 1}")
+        for i in range(count)
+    ]
 
 
 def _slugify(name: str) -> str:

@@ -63,25 +63,47 @@ def _duration(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.site", description="Deterministic synthetic web shop.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.site", description="Deterministic synthetic web shop."
+    )
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     add("--port", type=_count, default=0, help="port; 0 picks a free one (default: %(default)s)")
     add("--seed", type=int, default=0, help="catalogue seed (default: %(default)s)")
     add("--products", type=_count, default=200, help="number of products (default: %(default)s)")
-    add("--page-size", type=_count, default=20, help="products per listing page (default: %(default)s)")
+    add(
+        "--page-size",
+        type=_count,
+        default=20,
+        help="products per listing page (default: %(default)s)",
+    )
     add("--latency-ms", type=_duration, default=0.0, help="delay before every page is answered")
-    add("--js-share", type=_share, default=0.0, help="share of products rendered by JavaScript only")
-    add("--malformed-share", type=_share, default=0.0, help="share of products with a missing or garbage price")
+    add(
+        "--js-share", type=_share, default=0.0, help="share of products rendered by JavaScript only"
+    )
+    add(
+        "--malformed-share",
+        type=_share,
+        default=0.0,
+        help="share of products with a missing or garbage price",
+    )
     add("--flaky-share", type=_share, default=0.0, help="share of products answering 503 at first")
     add("--flaky-failures", type=_count, default=2, help="503s before a flaky page answers 200")
     add("--broken-share", type=_share, default=0.0, help="share of products always answering 503")
-    add("--slow-share", type=_share, default=0.0, help="share of products answered with extra delay")
+    add(
+        "--slow-share", type=_share, default=0.0, help="share of products answered with extra delay"
+    )
     add("--slow-ms", type=_duration, default=1000.0, help="extra delay of slow products")
     add("--retry-after-burst", type=_count, default=0, help="first N product requests answer 429")
     add("--retry-after", type=_count, default=1, help="Retry-After seconds of those 429s")
     add("--robots-crawl-delay", type=_duration, default=None, help="Crawl-delay in robots.txt")
-    add("--robots-disallow", action="append", default=[], metavar="PATH", help="Disallow line (repeatable)")
+    add(
+        "--robots-disallow",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="Disallow line (repeatable)",
+    )
     return parser
 
 
@@ -92,7 +114,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
     if args.products < 1 or args.page_size < 1:
         parser.error("--products and --page-size must be at least 1")
     if args.js_share + args.malformed_share + args.flaky_share + args.broken_share > 1.0 + 1e-9:
-        parser.error("--js-share, --malformed-share, --flaky-share and --broken-share add up to more than 1")
+        parser.error(
+            "--js-share, --malformed-share, --flaky-share and --broken-share add up to more than 1"
+        )
     options = vars(args)
     options["robots_disallow"] = tuple(options["robots_disallow"])
     return ShopConfig(**options)

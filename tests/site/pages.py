@@ -80,7 +80,8 @@ def render_root(catalogue: Catalogue) -> str:
     """Home page linking the first listing page of every category."""
     links = ((listing_href(catalogue.seed, c.slug, "nav"), c.name) for c in catalogue.categories)
     items = "".join(
-        f'<li><a class="category-link" href="{escape(href)}">{escape(name)}</a></li>\n' for href, name in links
+        f'<li><a class="category-link" href="{escape(href)}">{escape(name)}</a></li>\n'
+        for href, name in links
     )
     return _document("Home", f'<h1>Fleet Shop</h1>\n<ul class="categories">\n{items}</ul>')
 
@@ -89,7 +90,9 @@ def render_listing(catalogue: Catalogue, category: Category, page: int, page_siz
     """One listing page of a category, with related products and pagination."""
     seed, slug = catalogue.seed, category.slug
     ids = category.product_ids[(page - 1) * page_size : page * page_size]
-    cards = "".join(_product_link("product-link", product_href(seed, slug, pid), catalogue, pid) for pid in ids)
+    cards = "".join(
+        _product_link("product-link", product_href(seed, slug, pid), catalogue, pid) for pid in ids
+    )
     related = "".join(
         _product_link("related-link", product_href(seed, slug, pid, "related"), catalogue, pid)
         for pid in _related_ids(catalogue, category, page)
@@ -97,7 +100,9 @@ def render_listing(catalogue: Catalogue, category: Category, page: int, page_siz
     pages = category_pages(category, page_size)
     nav = []
     if page > 1:
-        nav.append(f'<a rel="prev" class="prev" href="/category/{slug}?page={page - 1}">Previous</a>')
+        nav.append(
+            f'<a rel="prev" class="prev" href="/category/{slug}?page={page - 1}">Previous</a>'
+        )
     nav.append(f'<span class="current">Page {page} of {pages}</span>')
     if page < pages:
         nav.append(f'<a rel="next" class="next" href="/category/{slug}?page={page + 1}">Next</a>')
@@ -160,7 +165,10 @@ def _product_data(product: Product) -> dict[str, object]:
 
 def _breadcrumb(product: Product) -> list[dict[str, str]]:
     home, category = product.breadcrumb
-    return [{"name": home, "href": "/"}, {"name": category, "href": f"/category/{product.categories[0]}?page=1"}]
+    return [
+        {"name": home, "href": "/"},
+        {"name": category, "href": f"/category/{product.categories[0]}?page=1"},
+    ]
 
 
 def _product_markup(product: Product) -> str:
@@ -173,9 +181,14 @@ def _product_markup(product: Product) -> str:
     parts.append(f'<span class="sku">{escape(product.sku)}</span>')
     parts.append(f'<span class="availability">{escape(product.availability)}</span>')
     parts.append(f'<div class="description">{escape(product.description)}</div>')
-    crumbs = "".join(f'<li><a href="{escape(c["href"])}">{escape(c["name"])}</a></li>' for c in _breadcrumb(product))
+    crumbs = "".join(
+        f'<li><a href="{escape(c["href"])}">{escape(c["name"])}</a></li>'
+        for c in _breadcrumb(product)
+    )
     parts.append(f'<ol class="breadcrumb">{crumbs}</ol>')
-    parts.extend(f'<img class="product-image" src="{escape(src)}" alt="">' for src in product.images)
+    parts.extend(
+        f'<img class="product-image" src="{escape(src)}" alt="">' for src in product.images
+    )
     parts.append("</div>\n")
     return "\n".join(parts)
 

@@ -72,7 +72,9 @@ class ShopResource(Resource):
         self._clock = clock
         self._stats = ShopStats()
         self._root_html = render_root(catalogue).encode()
-        self._robots = render_robots(config.robots_crawl_delay, list(config.robots_disallow)).encode()
+        self._robots = render_robots(
+            config.robots_crawl_delay, list(config.robots_disallow)
+        ).encode()
         self._catalogue_json = json.dumps(_catalogue_payload(catalogue, config.page_size)).encode()
         self._expected = {kind: catalogue.ids_of_kind(kind) for kind in KINDS}
         self._expected["slow"] = [p.id for p in catalogue.products if p.slow]
@@ -94,7 +96,11 @@ class ShopResource(Resource):
         match = _PRODUCT_PATH.fullmatch(path)
         product_id = int(match.group(1)) if match else None
         self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
-        reply = self._product(request, product_id) if product_id is not None else self._page(request, path)
+        reply = (
+            self._product(request, product_id)
+            if product_id is not None
+            else self._page(request, path)
+        )
         self._stats.record_status(reply.status)
         return self._respond(request, reply)
 
@@ -107,7 +113,11 @@ class ShopResource(Resource):
             category = self._catalogue.category(match.group(1))
             page = _int_arg(request, b"page", default=1)
             size = self._config.page_size
-            if category is not None and page is not None and 1 <= page <= category_pages(category, size):
+            if (
+                category is not None
+                and page is not None
+                and 1 <= page <= category_pages(category, size)
+            ):
                 return _Reply(200, render_listing(self._catalogue, category, page, size).encode())
         elif match := _IMAGE_PATH.fullmatch(path):
             product = self._catalogue.product(int(match.group(1)))
@@ -122,11 +132,17 @@ class ShopResource(Resource):
         extra = self._config.slow_ms / 1000.0 if product.slow else 0.0
         if self._stats.product_requests <= self._config.retry_after_burst:
             headers = {b"retry-after": str(self._config.retry_after).encode()}
-            return _Reply(429, render_error(429, "Too Many Requests").encode(), headers=headers, extra_delay=extra)
+            return _Reply(
+                429,
+                render_error(429, "Too Many Requests").encode(),
+                headers=headers,
+                extra_delay=extra,
+            )
         if product.kind == "flaky":
             self._stats.flaky_fetches[product_id] += 1
         if product.kind == "broken" or (
-            product.kind == "flaky" and self._stats.flaky_fetches[product_id] <= self._config.flaky_failures
+            product.kind == "flaky"
+            and self._stats.flaky_fetches[product_id] <= self._config.flaky_failures
         ):
             return _Reply(503, render_error(503, "Service Unavailable").encode(), extra_delay=extra)
         html = render_product(product, _base_url(request))
@@ -292,7 +308,7 @@ class ShopServer:
 
     def start(self) -> Self:
         """Start the subprocess and wait for the port it bound."""
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.site", *self.args],
             cwd=_REPO_ROOT,
