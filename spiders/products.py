@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from project.items import ProductItem
+from project.rendering import FALLBACK_META_KEY
 from project.spider import FleetSpider
 
 if TYPE_CHECKING:
@@ -70,10 +71,21 @@ class ProductsSpider(FleetSpider):
                 priority=LISTING_PRIORITY,
             )
 
-    def parse_product(self, response: Response) -> Iterator[ProductItem]:
+    def parse_product(self, response: Response) -> Iterator[Request | ProductItem]:
         product = response.css(".product")
         if not product:
-            self.crawler.stats.inc_value("products/no_product_markup")
+            if "playwright" in response.flags or response.meta.get(FALLBACK_META_KEY):
+                self.crawler.stats.inc_value("products/no_product_markup")
+                return
+            # Built by JavaScript: fetch the page once more, through Chromium.
+            self.crawler.stats.inc_value("playwright/fallback")
+            yield response.follow(
+                response.url,
+                callback=self.parse_product,
+                priority=PRODUCT_PRIORITY,
+                dont_filter=True,
+                meta={"playwright": True, FALLBACK_META_KEY: True},
+            )
             return
         price = product.css(".price")
         yield ProductItem(
