@@ -50,6 +50,32 @@ _ALLOWED_CLASSES: dict[str, type[Request]] = {
 _CODECS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {}
 
 
+# Meta keys that make a node import, call or write something: whoever can
+# write to Redis must not reach them (scrapy-playwright imports a string
+# page_init_callback; context kwargs can name files to read or write).
+_UNSAFE_META = frozenset(
+    {"playwright_page_init_callback", "playwright_page_event_handlers", "playwright_page"}
+)
+_UNSAFE_CONTEXT_KWARGS = frozenset(
+    {"storage_state", "record_har_path", "record_video_dir", "user_data_dir", "downloads_path"}
+)
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    unsafe = sorted(_UNSAFE_META & set(meta))
+    context = meta.get("playwright_context_kwargs")
+    if isinstance(context, dict):
+        unsafe += [
+            f"playwright_context_kwargs[{key!r}]"
+            for key in sorted(_UNSAFE_CONTEXT_KWARGS & set(context))
+        ]
+    if unsafe:
+        raise UnserializableRequestError(
+            f"meta {', '.join(unsafe)} cannot travel through the frontier (it would let"
+            " a Redis writer run code or touch files on every node)"
+        )
+
+
 class UnserializableRequestError(ValueError):
     """A request cannot be written to the shared frontier."""
 
@@ -159,6 +185,7 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
         data["cookies"] = request.cookies
     meta = {k: v for k, v in request.meta.items() if k not in NODE_LOCAL_META}
     if meta:
+        _check_meta(meta)
         data["meta"] = meta
     if request.encoding != "utf-8":
         data["encoding"] = request.encoding
@@ -199,6 +226,8 @@ def decode_request(payload: bytes | str, spider: Spider) -> tuple[Request, dict[
     cls = _ALLOWED_CLASSES.get(data.get("class", ""), Request)
     if "class" in data and data["class"] not in _ALLOWED_CLASSES:
         raise UnserializableRequestError(f"request class {data['class']!r} is not allowed")
+    if isinstance(data.get("meta"), dict):
+        _check_meta(data["meta"])
     body: bytes | str = data.get("body", b"")
     if "body_b64" in data:
         body = base64.b64decode(data["body_b64"])

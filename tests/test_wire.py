@@ -97,3 +97,19 @@ def test_backoff_grows_with_jitter() -> None:
         delays = [backoff_delay(attempt, 1.0, 60.0) for _ in range(200)]
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len(set(delays)) > 150, "no jitter"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"playwright": True, "playwright_page_init_callback": "os.system"},
+        {"playwright_page_event_handlers": {"dialog": "parse"}},
+        {"playwright_context_kwargs": {"storage_state": "/etc/shadow"}},
+    ],
+)
+def test_meta_that_would_run_code_on_nodes_is_refused(spider: ProductsSpider, meta) -> None:
+    with pytest.raises(UnserializableRequestError, match="cannot travel"):
+        encode_request(Request("http://shop.test/", meta=meta), spider)
+    crafted = json.dumps({"url": "http://shop.test/", "meta": meta})
+    with pytest.raises(UnserializableRequestError, match="cannot travel"):
+        decode_request(crafted, spider)
