@@ -31,7 +31,7 @@ class FrontierConfig:
     node_id: str
     lease_seconds: float = 60.0
     heartbeat_seconds: float = 15.0
-    tick_seconds: float = 0.05
+    tick_seconds: float = 0.1
     prefetch: int = 4
     concurrency: int = 16
     batch_max: int = 500

@@ -328,11 +328,14 @@ if maintain then
     end
 end
 
--- 7. wake throttled sites whose time has come
-local woken = redis.call('ZRANGEBYSCORE', K.throttled, '-inf', now, 'LIMIT', 0, 100)
-if #woken > 0 then
+-- 7. wake throttled sites whose time has come (one read when none is due)
+local throttled_changed = n_pause > 0
+local first = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
+if #first > 0 and tonumber(first[2]) <= now then
+    local woken = redis.call('ZRANGEBYSCORE', K.throttled, '-inf', now, 'LIMIT', 0, 100)
     redis.call('ZREM', K.throttled, unpack(woken))
     for _, site in ipairs(woken) do index_site(site) end
+    throttled_changed = true
 end
 
 -- 8. lease: best ready site first, within its tokens and concurrency
@@ -402,6 +405,7 @@ while want > 0 and scanned < 32 do
     elseif wake then
         redis.call('ZREM', K.queue, site)
         redis.call('ZADD', K.throttled, wake, site)
+        throttled_changed = true
     else
         redis.call('ZADD', K.queue, head[2], site)
     end
@@ -428,7 +432,8 @@ if maintain then
               redis.call('ZCARD', K.inflight), redis.call('LLEN', K.seeds)}
 end
 -- when the next throttled site may go (so an idle node need not poll blindly)
-local next_wake = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
+local next_wake = first
+if throttled_changed then next_wake = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES') end
 return {added, dupes, leased, seeds, reaped, promoted, counts, next_wake[2] or false}
 """
 )
