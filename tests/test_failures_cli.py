@@ -1,0 +1,63 @@
+"""``fleetcrawl failures list|retry|purge`` against a real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from project.queue import FrontierKeys
+from tests.fleet import ROOT
+
+KEYS = FrontierKeys.for_spider("products")
+
+
+def fleetcrawl(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "project.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _dead(url: str, request: dict | None) -> bytes:
+    record = {
+        "url": url,
+        "attempts": 4,
+        "error": "HTTP 503",
+        "kind": "request" if request else "seed",
+        "time": time.time(),
+        "node": "vm:1:abcd",
+        "request": json.dumps(request) if request else None,
+    }
+    return json.dumps(record).encode()
+
+
+def test_list_retry_and_purge_dead_letters(redis_url: str, redis_client) -> None:
+    request = {"url": "http://shop.test/product/7", "priority": 3, "meta": {"retry_times": 3}}
+    redis_client.lpush(KEYS.dead, _dead(request["url"], request), _dead("not a url", None))
+
+    listed = fleetcrawl(redis_url, "failures", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "http://shop.test/product/7" in listed.stdout
+    assert "2 dead letters shown" in listed.stdout
+
+    retried = fleetcrawl(redis_url, "failures", "retry")
+    assert retried.returncode == 0, retried.stderr
+    assert "requeued 1 requests; 1 invalid seeds stay dead-lettered" in retried.stdout
+    (payload,) = redis_client.zrange(KEYS.site_queue("shop.test"), 0, -1)
+    assert json.loads(payload) == {"url": request["url"], "priority": 3, "meta": {}}
+    assert redis_client.zscore(KEYS.queue, "shop.test") is not None, "the site is ready"
+    assert int(redis_client.get(KEYS.queued)) == 1
+    assert redis_client.llen(KEYS.dead) == 1
+
+    purged = fleetcrawl(redis_url, "failures", "purge")
+    assert "purged 1 dead letters" in purged.stdout
+    assert redis_client.llen(KEYS.dead) == 0
