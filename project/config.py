@@ -44,6 +44,7 @@ class FrontierConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     limits: SiteLimits = field(default_factory=SiteLimits)
     site_limits: tuple[tuple[str, float, int], ...] = ()
+    site_key: str = "domain"
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -84,6 +85,7 @@ class FrontierConfig:
                 min_rate=settings.getfloat("FLEET_AUTOTHROTTLE_MIN_RATE", 0.5),
                 start_rate=settings.getfloat("FLEET_AUTOTHROTTLE_START_RATE", 2.0),
             ),
+            site_key=settings.get("FLEET_SITE_KEY", "domain"),
             site_limits=tuple(
                 (site.lower(), float(spec.get("rate", 0)), int(spec.get("concurrency", 0)))
                 for site, spec in site_specs.items()
@@ -91,6 +93,8 @@ class FrontierConfig:
         )
         if config.batch_max < 1 or config.batch_max > 2000:
             raise NotConfigured("FRONTIER_BATCH_MAX must be between 1 and 2000")
+        if config.site_key not in {"domain", "ip"}:
+            raise NotConfigured(f"FLEET_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}")
         if "\n" in config.node_id:
             raise NotConfigured("FRONTIER_NODE_ID must not contain a newline")
         return config

@@ -58,6 +58,9 @@ local function clamp_priority(priority)
 end
 
 local function site_of(payload)
+    -- FLEET_SITE_KEY = 'ip' puts the resolved site in front of the URL
+    local tagged = string.match(payload, '^{"site":"([^"]+)"')
+    if tagged then return tagged end
     local site = string.match(payload, '^{"url":"%a[%w+.-]*://([^/"?#]+)')
     if site then return string.lower(site) end
     return '_'

@@ -8,9 +8,12 @@ import heapq
 import json
 import logging
 import os
+import re
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import redis.asyncio
 from redis.exceptions import RedisError
@@ -41,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 #: request.meta key through which middlewares ask for a retry or dead letter.
 OUTCOME_META_KEY = "_frontier_outcome"
+
+_PAYLOAD_HOST = re.compile(rb'^\{"url":"[A-Za-z][\w+.-]*://([^/"?#]+)')
 
 
 @dataclass(slots=True)
@@ -81,6 +86,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self._dispatched: dict[Request, _Lease] = {}
         self._enqueue: list[tuple[bytes, str, int, bytes]] = []
         self._next_wake: float | None = None
+        self._ip_sites: dict[str, str] = {}
         self._settle = StepBatch()
         self._seeds_maybe = True
         self._counts: tuple[int, int, int, int] | None = None
@@ -381,6 +387,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             )
         if self._latency:
             batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
+        if self.config.site_key == "ip":
+            await self._key_by_ip(batch)
         if now - self._last_heartbeat >= self.config.heartbeat_seconds:
             batch.heartbeat = [lease.member for *_, lease in self._heap]
             batch.heartbeat += [lease.member for lease in self._dispatched.values()]
@@ -424,6 +432,51 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         if result.leased or result.seeds or self._finished:
             self._wake_engine()
         return moved
+
+    async def _key_by_ip(self, batch: StepBatch) -> None:
+        """FLEET_SITE_KEY = "ip": one politeness unit per server, whatever its host names.
+
+        The resolved site travels in front of the payload, where the Lua
+        scripts look for it first.
+        """
+
+        def tag(payload: bytes, site: str) -> bytes:
+            return b'{"site":' + json.dumps(site).encode() + b"," + payload[1:]
+
+        batch.enqueue = [
+            (fp, ip, priority, tag(payload, ip))
+            for fp, site, priority, payload in batch.enqueue
+            for ip in [await self._ip_site(site)]
+        ]
+        retries = []
+        for member, not_before, payload in batch.retries:
+            if payload.startswith(b'{"site":'):
+                retries.append((member, not_before, payload))
+                continue
+            found = _PAYLOAD_HOST.match(payload)
+            ip = await self._ip_site(found[1].decode().lower() if found else "_")
+            retries.append((member, not_before, tag(payload, ip)))
+        batch.retries = retries
+        batch.pauses = [(await self._ip_site(site), until) for site, until in batch.pauses]
+        batch.latency = [(await self._ip_site(s), total, n) for s, total, n in batch.latency]
+
+    async def _ip_site(self, netloc: str) -> str:
+        """``ip[:port]`` of a ``host[:port]``, resolved once (the domain if it fails)."""
+        cached = self._ip_sites.get(netloc)
+        if cached is not None:
+            return cached
+        parts = urlsplit("//" + netloc)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                parts.hostname or netloc, None, family=socket.AF_INET
+            )
+            ip = str(infos[0][4][0])
+            site = f"{ip}:{parts.port}" if parts.port else ip
+        except (OSError, IndexError, ValueError) as exc:
+            logger.warning("Cannot resolve %s (%s): limiting it by name", netloc, exc)
+            site = netloc
+        self._ip_sites[netloc] = site
+        return site
 
     def _count(self, key: str, n: int) -> None:
         if n:

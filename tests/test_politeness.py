@@ -139,3 +139,18 @@ def test_retry_after_pauses_the_site_for_every_node(fleet: Fleet, make_shop) -> 
     assert len(stats["product_hits"]) == 100
     paused = sum(stat(fleet.log(i), "frontier/site_paused") for i in (0, 1))
     assert paused >= 1
+
+
+def test_per_ip_limit_covers_every_host_name_of_a_server(fleet: Fleet, make_shop) -> None:
+    limit = 20
+    shop = make_shop(products=100, latency_ms=10)
+    port = urlsplit(shop.url("/")).port
+    # Two names of one server: by domain they would get 20 requests/s each.
+    fleet.seed(f"http://localhost:{port}/", f"http://127.0.0.1:{port}/")
+    fleet.start_node(FLEET_SITE_KEY="ip", FLEET_SITE_RATE=limit)
+    fleet.start_node(FLEET_SITE_KEY="ip", FLEET_SITE_RATE=limit)
+    assert fleet.wait(120) == [0, 0]
+
+    rates = _steady_rates(shop)
+    assert max(rates) <= limit * 1.1 + 1, rates
+    assert shop.stats()["total"] > 200, "both host names were crawled"
