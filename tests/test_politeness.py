@@ -47,7 +47,8 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     assert len(rates) >= 10
     assert max(rates) <= limit * 1.1 + 1, rates
     assert abs(statistics.mean(rates) - limit) <= limit * 0.1, rates
-    assert all(stat(fleet.log(i), "downloader/response_count") > 20 for i in range(3))
+    # Whichever node asks first when tokens come due gets them: the split varies, but all work.
+    assert all(stat(fleet.log(i), "downloader/response_count") > 0 for i in range(3))
     with redis.Redis.from_url(redis_url) as client:
         (site,) = frontier_snapshot(client, "products")["sites"]
     assert site["site"] == urlsplit(shop.url("/")).netloc

@@ -99,7 +99,7 @@ def test_bad_seeds_are_dead_lettered_and_good_ones_crawled(
         json.dumps({"url": 5}),
         "",
         b"\xff\xfe\x00garbage",
-        "x" * 10_000_000,
+        b"x" * 10_000_000,  # through redis-py: too long for a command line
         json.dumps({"url": shop.url("/"), "priority": "high"}),
         "[1, 2, 3]",
     ]
