@@ -47,24 +47,8 @@ class FrontierKeys:
         dupefilter_template: str = "%(spider)s:dupefilter",
         start_urls_template: str = "%(name)s:start_urls",
     ) -> FrontierKeys:
-        own = {
-            field: f"{name}:{field}"
-            for field in (
-                "inflight",
-                "delayed",
-                "dead",
-                "seq",
-                "throttled",
-                "limits",
-                "rates",
-                "buckets",
-                "active",
-                "leases",
-                "lat_sum",
-                "lat_n",
-                "queued",
-            )
-        }
+        scrapy_redis_keys = {"queue", "dupefilter", "start_urls"}
+        own = {k: f"{name}:{k}" for k in lua.WIDE_KEYS if k not in scrapy_redis_keys}
         return cls(
             queue=queue_template % {"spider": name},
             dupefilter=dupefilter_template % {"spider": name},

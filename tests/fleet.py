@@ -100,6 +100,17 @@ class Fleet:
                 proc.wait(10)
 
 
+def wait_for(condition, timeout: float, what: str, interval: float = 0.02):
+    """Poll *condition* until it returns something true; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def finish_reason(log: str) -> str | None:
     marker = "'finish_reason': '"
     at = log.rfind(marker)

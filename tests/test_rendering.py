@@ -29,7 +29,7 @@ from project.rendering import (
 )
 from project.wire import UnserializableRequestError, decode_request, encode_request
 from spiders.products import ProductsSpider
-from tests.fleet import finish_reason, stat
+from tests.fleet import finish_reason, stat, wait_for
 
 if TYPE_CHECKING:
     import redis
@@ -327,16 +327,6 @@ def _alive(pids) -> list[int]:
     return [pid for pid in pids if Path(f"/proc/{pid}").exists() and _command(pid)]
 
 
-def _wait_for(condition, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _stored(mongo) -> dict[int, dict]:
     return {int(doc["_id"].rsplit("/", 1)[1]): doc for doc in mongo.products.find({})}
 
@@ -500,7 +490,7 @@ def test_render_survives_lease_expiry_and_node_kill(
         hit = shop.stats()["product_hits"].get(str(victim), 0)
         return node_id if node_id and hit else None
 
-    node_id = _wait_for(rendering, 60, "the slow render to start")
+    node_id = wait_for(rendering, 60, "the slow render to start")
     started = time.monotonic()
     index = [n.pid for n in nodes].index(int(node_id.decode().split(":")[1]))
     tree = _descendants(nodes[index].pid)
@@ -515,7 +505,7 @@ def test_render_survives_lease_expiry_and_node_kill(
     nodes[index].send_signal(signal.SIGKILL)
     nodes[index].wait(10)
     try:
-        _wait_for(lambda: not _alive(tree), 15, "Chromium of the killed node to exit", 0.2)
+        wait_for(lambda: not _alive(tree), 15, "Chromium of the killed node to exit", 0.2)
     finally:
         for pid in _alive(tree):
             os.kill(pid, signal.SIGKILL)

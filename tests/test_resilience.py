@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from project.services import start_redis, stop_service
-from tests.fleet import finish_reason, stat
+from tests.fleet import finish_reason, stat, wait_for
 
 if TYPE_CHECKING:
     import redis
@@ -19,16 +19,6 @@ if TYPE_CHECKING:
     from tests.fleet import Fleet
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_for(condition, timeout: float, what: str, interval: float = 0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _leased_listing(client: redis.Redis) -> bool:
@@ -54,11 +44,11 @@ def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, mome
     fleet.seed(shop.url("/"))
     victim = fleet.start_node()
     if moment == "leased_listing":
-        _wait_for(lambda: _leased_listing(redis_client), 30, "a leased listing page")
+        wait_for(lambda: _leased_listing(redis_client), 30, "a leased listing page", 0.005)
     elif moment == "mid_crawl":
-        _wait_for(_products_stored(mongo, products // 3), 60, "a third of the products")
+        wait_for(_products_stored(mongo, products // 3), 60, "a third of the products")
     else:
-        _wait_for(_products_stored(mongo, products * 9 // 10), 90, "most products")
+        wait_for(_products_stored(mongo, products * 9 // 10), 90, "most products")
     victim.kill()
     victim.wait(10)
     held = redis_client.zcard("products:inflight")
@@ -77,7 +67,7 @@ def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: Servi
     fleet.seed(shop.url("/"))
     fleet.start_node()
     fleet.start_node()
-    _wait_for(_products_stored(mongo, products // 4), 60, "a quarter of the products")
+    wait_for(_products_stored(mongo, products // 4), 60, "a quarter of the products")
     stop_service(services, "redis")
     time.sleep(3)
     start_redis(services)
