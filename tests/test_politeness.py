@@ -155,3 +155,22 @@ def test_per_ip_limit_covers_every_host_name_of_a_server(fleet: Fleet, make_shop
     rates = _steady_rates(shop)
     assert max(rates) <= limit * 1.1 + 1, rates
     assert shop.stats()["total"] > 200, "both host names were crawled"
+
+
+def test_adaptive_rate_follows_the_fleets_latency(fleet: Fleet, make_shop, redis_client) -> None:
+    shop = make_shop(products=150, latency_ms=100)
+    site = urlsplit(shop.url("/")).netloc
+    adaptive = {
+        "FLEET_AUTOTHROTTLE_ENABLED": True,
+        "FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY": 2,
+        "FLEET_AUTOTHROTTLE_START_RATE": 2,
+    }
+    fleet.seed(shop.url("/"))
+    fleet.start_node(**adaptive)
+    fleet.start_node(**adaptive)
+    assert fleet.wait(120) == [0, 0]
+
+    # Target concurrency 2 over ~0.1 s latency: about 20 requests/s, from a start at 2.
+    rate = float(redis_client.hget("products:rates", site))
+    assert 6 < rate <= 25, rate
+    assert max(_steady_rates(shop)) <= 25 * 1.1 + 1
