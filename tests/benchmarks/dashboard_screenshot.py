@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from project.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
+from project.settings import PLAYWRIGHT_LAUNCH_OPTIONS
 from tests.fleet import ROOT, Fleet
 from tests.site.server import ShopServer
 
@@ -31,15 +32,8 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+#: The same flags as the crawler nodes' Chromium (root, closed network).
+CHROMIUM_ARGS: list[str] = PLAYWRIGHT_LAUNCH_OPTIONS["args"]
 #: Node settings for a lively dashboard: a heartbeat every half second.
 MONITORED = {"MONITOR_INTERVAL": 0.5, "MONITOR_NODE_TIMEOUT": 3.0}
 
