@@ -67,19 +67,10 @@ def _shop_stats(base_url: str) -> dict[str, Any]:
 def _reset_frontier(redis_url: str, spider: str) -> None:
     import redis
 
-    from project.queue import FrontierKeys
+    from project.status import clear_frontier
 
-    keys = FrontierKeys.for_spider(spider)
     with redis.Redis.from_url(redis_url) as client:
-        client.delete(
-            keys.queue,
-            keys.dupefilter,
-            keys.start_urls,
-            keys.inflight,
-            keys.delayed,
-            keys.dead,
-            keys.seq,
-        )
+        clear_frontier(client, spider)
 
 
 def _mongo_products(uri: str, database: str, drop: bool = False) -> int:

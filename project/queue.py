@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
     from scrapy import Request, Spider
 
-__all__ = ["FrontierKeys", "LeasedQueue", "SiteLimits", "StepBatch", "StepResult", "clear_frontier"]
+__all__ = ["FrontierKeys", "LeasedQueue", "SiteLimits", "StepBatch", "StepResult"]
 
 
 @dataclass(frozen=True)
@@ -212,22 +212,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
         return self.member_prefix + b"S" + raw
 
     def __len__(self) -> int:
-        raise TypeError("LeasedQueue is asynchronous: await size()")
+        raise TypeError("LeasedQueue has no cheap length: see project.status.frontier_snapshot()")
 
     def push(self, request: Request) -> None:
         raise TypeError("LeasedQueue batches pushes: use FleetScheduler.enqueue_request()")
 
     def pop(self, timeout: int = 0) -> None:
         raise TypeError("LeasedQueue leases instead of popping: use FleetScheduler")
-
-    async def clear_all(self) -> None:
-        """Delete every key of this frontier (seen-set included)."""
-        await clear_frontier(self.server, self.keys)
-
-
-async def clear_frontier(server: Redis, keys: FrontierKeys) -> None:
-    """Delete every key of a frontier, per-site queues included."""
-    sites: set[Any] = set(await server.zrange(keys.queue, 0, -1))
-    sites |= set(await server.zrange(keys.throttled, 0, -1))
-    doomed = [keys.site_queue(site.decode()) for site in sites] + keys.wide()
-    await server.delete(*doomed)

@@ -229,15 +229,6 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         """Requests this node holds: leased but not yet settled."""
         return len(self._heap) + len(self._dispatched)
 
-    @property
-    def fleet_counts(self) -> tuple[int, int, int, int] | None:
-        """(queued, delayed, in flight, seeds) as of the last maintenance step."""
-        return self._counts
-
-    def is_finished(self) -> bool:
-        """True once the whole fleet has had nothing to do for the grace period."""
-        return self._finished
-
     def _on_spider_idle(self, spider: Spider) -> None:
         if not self._finished:
             raise DontCloseSpider

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PRIORITY_BAND",
     "StatusReader",
+    "clear_frontier",
     "dead_letters",
     "drain_eta",
     "failure_summary",
@@ -131,6 +132,14 @@ def frontier_snapshot(client: redis.Redis, spider: str) -> dict[str, Any]:
         "seeds_waiting": int(seeds),
         "dead_letters": int(dead),
     }
+
+
+def clear_frontier(client: redis.Redis, spider: str) -> None:
+    """Delete every frontier key of *spider*: per-site queues, seen-set, leases, limits."""
+    keys = FrontierKeys.for_spider(spider)
+    sites: set[Any] = set(client.zrange(keys.queue, 0, -1))
+    sites |= set(client.zrange(keys.throttled, 0, -1))
+    client.delete(*[keys.site_queue(site.decode()) for site in sites], *keys.wide())
 
 
 def dead_letters(client: redis.Redis, spider: str, limit: int = 100) -> list[dict[str, Any]]:

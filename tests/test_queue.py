@@ -160,3 +160,18 @@ def test_release_puts_unstarted_leases_back(
     assert redis_client.zcard(KEYS.site_queue("s")) == 3
     assert int(redis_client.get(KEYS.queued)) == 3
     assert redis_client.zcard(KEYS.inflight) == 0
+
+
+def test_clear_frontier_deletes_site_queues_too(
+    redis_url: str, redis_client: sync_redis.Redis
+) -> None:
+    from project.status import clear_frontier
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1, site="s"), entry(2, site="t")], want=1))
+
+    run(redis_url, scenario)
+    redis_client.lpush(KEYS.start_urls, b"http://s/")
+    assert redis_client.exists(KEYS.site_queue("t"), KEYS.inflight, KEYS.dupefilter) == 3
+    clear_frontier(redis_client, "products")
+    assert redis_client.keys("products:*") == []
