@@ -100,6 +100,21 @@ class Fleet:
                 proc.wait(10)
 
 
+def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``fleetcrawl`` command as users do, from the project folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "project.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def wait_for(condition, timeout: float, what: str, interval: float = 0.02):
     """Poll *condition* until it returns something true; fail after *timeout* seconds."""
     deadline = time.monotonic() + timeout

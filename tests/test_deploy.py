@@ -18,7 +18,7 @@ import pytest
 from project import cli
 from project.fleet import FleetError, NodeError, ScrapydNode, load_nodes
 from project.services import free_port
-from tests.fleet import FAST_SETTINGS, ROOT, finish_reason, stat
+from tests.fleet import FAST_SETTINGS, ROOT, finish_reason, run_cli, stat
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -131,21 +131,8 @@ def fleetcrawl(
     *args: str, nodes: str, password: str = PASSWORD
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``fleetcrawl`` command as users do, with nodes and credentials in the environment."""
-    env = {
-        **os.environ,
-        "FLEETCRAWL_NODES": nodes,
-        "SCRAPYD_USERNAME": USER,
-        "SCRAPYD_PASSWORD": password,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "project.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    env = {"FLEETCRAWL_NODES": nodes, "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": password}
+    return run_cli(*args, env=env)
 
 
 def _tree_state() -> tuple[str, list[str]]:

@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
+from typing import TYPE_CHECKING
 
 from project.queue import FrontierKeys
-from tests.fleet import ROOT
+from tests.fleet import run_cli
+
+if TYPE_CHECKING:
+    import subprocess
 
 KEYS = FrontierKeys.for_spider("products")
 
 
 def fleetcrawl(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "project.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env={"REDIS_URL": redis_url})
 
 
 def _dead(url: str, request: dict | None) -> bytes:
