@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
@@ -41,8 +42,6 @@ def _retry_after(response: Response) -> float:
     if text.isdigit():
         return float(text)
     try:
-        import time
-
         return max(0.0, parsedate_to_datetime(text).timestamp() - time.time())
     except (TypeError, ValueError):
         return 0.0
