@@ -8,7 +8,7 @@ setup:
 	deploy/setup.sh
 
 demo: setup
-	$(BIN)/fleetcrawl demo
+	$(BIN)/python -m tests.site.demo
 
 test: setup
 	$(BIN)/python -m pytest

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from scrapy.exceptions import DropItem
 
 from project.items import ProductItem
-from project.mongo import MongoStore
 from project.schema import Product, field_errors
+from project.storage.store import MongoStore
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -10,9 +10,10 @@ from itemadapter import ItemAdapter
 from pydantic import ValidationError
 from scrapy.exceptions import DropItem, NotConfigured
 
+from project.config import read_settings, setting
 from project.items import ProductItem
-from project.mongo import DEFAULTS, MongoStore
 from project.schema import Product, field_errors
+from project.storage.store import MongoStore
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -28,18 +29,13 @@ logger = logging.getLogger(__name__)
 class ValidationConfig:
     """The ``VALIDATION_*`` settings."""
 
-    enabled: bool
-    store_rejects: bool
+    enabled: bool = setting("VALIDATION_ENABLED", True)
+    store_rejects: bool = setting("VALIDATION_STORE_REJECTS", True)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> ValidationConfig:
         """Read the settings."""
-        return cls(
-            enabled=settings.getbool("VALIDATION_ENABLED", DEFAULTS["VALIDATION_ENABLED"]),
-            store_rejects=settings.getbool(
-                "VALIDATION_STORE_REJECTS", DEFAULTS["VALIDATION_STORE_REJECTS"]
-            ),
-        )
+        return cls(**read_settings(cls, settings))
 
 
 class ValidationPipeline:

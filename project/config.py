@@ -1,100 +1,93 @@
-"""Settings of the shared frontier, parsed once."""
+"""Typed settings: each component's Config dataclass is the one home of its defaults.
+
+A field made with :func:`setting` names the Scrapy setting it comes from;
+:func:`read_settings` reads every such field with the getter its default's
+type calls for, and turns a value that cannot be parsed into
+``NotConfigured`` naming the setting. ``docs/settings.md`` documents every
+one of them, and a test holds the two together.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
 
-from project.queue import SiteLimits
-
 if TYPE_CHECKING:
-    from typing import Self
-
     from scrapy.settings import BaseSettings
 
-__all__ = ["FrontierConfig", "default_node_id"]
+__all__ = ["exported_defaults", "read_settings", "setting", "setting_fields"]
 
 
-def default_node_id() -> str:
-    """host:pid:random, unique per process and readable in status output."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(2).hex()}"
+def setting(name: str, default: Any, *, shown: str | None = None, export: bool = False) -> Any:
+    """A dataclass field read from setting *name*, *default* when unset or None.
+
+    *shown* is how the settings reference writes a default computed at start
+    (a node id, for example) instead of the literal value. *export* marks a
+    setting of another library (scrapy-playwright) whose fleet default the
+    add-on writes into the settings, so that library reads it too.
+    """
+    metadata = {"setting": name, "shown": shown, "export": export}
+    if isinstance(default, (dict, list, set)):
+        frozen = default.copy()
+        return dataclasses.field(default_factory=lambda: frozen.copy(), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-@dataclass(frozen=True)
-class FrontierConfig:
-    """Frontier settings; see the README's settings table."""
+def setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], str, Any]]:
+    """``(field, setting name, default)`` of every setting field of *cls*."""
+    found = []
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get("setting")
+        if name is None:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: a setting field needs a default")
+        found.append((f, name, default))
+    return found
 
-    node_id: str
-    lease_seconds: float = 60.0
-    heartbeat_seconds: float = 15.0
-    tick_seconds: float = 0.1
-    prefetch: int = 4
-    concurrency: int = 16
-    batch_max: int = 500
-    seed_batch: int = 4
-    seed_max_bytes: int = 65536
-    idle_grace: float = 5.0
-    keep_alive: bool = False
-    idle_poll_max: float = 1.0
-    maintenance_seconds: float = 1.0
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    limits: SiteLimits = field(default_factory=SiteLimits)
-    site_limits: tuple[tuple[str, float, int], ...] = ()
-    site_key: str = "domain"
 
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Self:
-        lease = settings.getfloat("FRONTIER_LEASE_SECONDS", cls.lease_seconds)
-        heartbeat = settings.getfloat("FRONTIER_HEARTBEAT_SECONDS", 0.0) or lease / 4
-        if heartbeat >= lease:
-            raise NotConfigured(
-                f"FRONTIER_HEARTBEAT_SECONDS ({heartbeat}) must be below"
-                f" FRONTIER_LEASE_SECONDS ({lease}), or leases expire while held"
-            )
-        try:
-            site_specs = settings.getdict("FLEET_SITE_LIMITS")
-        except ValueError as exc:
-            raise NotConfigured(f"FLEET_SITE_LIMITS must be a dict or JSON object: {exc}") from exc
-        config = cls(
-            node_id=settings.get("FRONTIER_NODE_ID") or default_node_id(),
-            lease_seconds=lease,
-            heartbeat_seconds=heartbeat,
-            tick_seconds=settings.getfloat("FRONTIER_TICK_SECONDS", cls.tick_seconds),
-            prefetch=settings.getint("FRONTIER_PREFETCH", cls.prefetch),
-            concurrency=settings.getint("CONCURRENT_REQUESTS", cls.concurrency),
-            batch_max=settings.getint("FRONTIER_BATCH_MAX", cls.batch_max),
-            seed_batch=settings.getint("FRONTIER_SEED_BATCH", cls.seed_batch),
-            seed_max_bytes=settings.getint("FRONTIER_SEED_MAX_BYTES", cls.seed_max_bytes),
-            idle_grace=settings.getfloat("FRONTIER_IDLE_GRACE", cls.idle_grace),
-            keep_alive=settings.getbool("FRONTIER_KEEP_ALIVE", cls.keep_alive),
-            idle_poll_max=settings.getfloat("FRONTIER_IDLE_POLL_MAX", cls.idle_poll_max),
-            maintenance_seconds=settings.getfloat(
-                "FRONTIER_MAINTENANCE_SECONDS", cls.maintenance_seconds
-            ),
-            redis_url=settings.get("REDIS_URL") or cls.redis_url,
-            limits=SiteLimits(
-                rate=settings.getfloat("FLEET_SITE_RATE", 0.0),
-                concurrency=settings.getint("FLEET_SITE_CONCURRENCY", 0),
-                burst_seconds=settings.getfloat("FLEET_BURST_SECONDS", 0.1),
-                adaptive=settings.getbool("FLEET_AUTOTHROTTLE_ENABLED", False),
-                target_concurrency=settings.getfloat("FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY", 4.0),
-                min_rate=settings.getfloat("FLEET_AUTOTHROTTLE_MIN_RATE", 0.5),
-                start_rate=settings.getfloat("FLEET_AUTOTHROTTLE_START_RATE", 2.0),
-            ),
-            site_key=settings.get("FLEET_SITE_KEY", "domain"),
-            site_limits=tuple(
-                (site.lower(), float(spec.get("rate", 0)), int(spec.get("concurrency", 0)))
-                for site, spec in site_specs.items()
-            ),
-        )
-        if config.batch_max < 1 or config.batch_max > 2000:
-            raise NotConfigured("FRONTIER_BATCH_MAX must be between 1 and 2000")
-        if config.site_key not in {"domain", "ip"}:
-            raise NotConfigured(f"FLEET_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}")
-        if "\n" in config.node_id:
-            raise NotConfigured("FRONTIER_NODE_ID must not contain a newline")
-        return config
+def _read(settings: BaseSettings, name: str, default: Any) -> Any:
+    if settings.get(name) is None:
+        return default
+    try:
+        if isinstance(default, bool):
+            return settings.getbool(name)
+        if isinstance(default, int):
+            return settings.getint(name)
+        if isinstance(default, float):
+            return settings.getfloat(name)
+        if isinstance(default, dict):
+            return settings.getdict(name)
+        if isinstance(default, (list, tuple, frozenset)):
+            return type(default)(settings.getlist(name))
+        if isinstance(default, str):
+            return str(settings.get(name))
+    except (TypeError, ValueError) as exc:
+        kind = type(default).__name__
+        raise NotConfigured(
+            f"{name} must be a {kind} like {default!r}, got {settings.get(name)!r}"
+        ) from exc
+    return settings.get(name)
+
+
+def read_settings(cls: type, settings: BaseSettings, **given: Any) -> dict[str, Any]:
+    """Keyword arguments for ``cls(...)``: every setting field read from *settings*.
+
+    Fields in *given* are taken as they are instead (values computed by the caller).
+    """
+    values = dict(given)
+    for f, name, default in setting_fields(cls):
+        if f.name not in values:
+            values[f.name] = _read(settings, name, default)
+    return values
+
+
+def exported_defaults(cls: type) -> dict[str, Any]:
+    """``setting -> default`` of the fields of *cls* made with ``export=True``."""
+    return {name: default for f, name, default in setting_fields(cls) if f.metadata["export"]}

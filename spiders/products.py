@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from project.frontier.spiders import FleetSpider
 from project.items import ProductItem
-from project.rendering import FALLBACK_META_KEY
-from project.spider import FleetSpider
+from project.rendering.middleware import FALLBACK_META_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -9,19 +9,21 @@ import pymongo
 import pytest
 import redis
 
-from project.services import (
+from project.ops.services import (
     ServicesConfig,
     free_port,
     start_mongo,
     start_redis,
     stop_service,
 )
-from tests.fleet import Fleet
+from tests.fleet import Fleet, KeySpace
 from tests.site.server import ShopServer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
+
+    from project.frontier.keys import FrontierKeys
 
 
 @pytest.fixture(scope="session")
@@ -42,11 +44,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicesConfi
 
 
 @pytest.fixture
-def redis_url(services: ServicesConfig) -> Iterator[str]:
-    """The test Redis, emptied before each test."""
-    client = redis.Redis.from_url(services.redis_url)
-    client.flushall()
-    client.close()
+def redis_url(services: ServicesConfig) -> str:
+    """The test Redis, shared by every test: each works in its own :func:`keyspace`."""
     return services.redis_url
 
 
@@ -55,6 +54,20 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def keyspace(redis_client: redis.Redis) -> Iterator[KeySpace]:
+    """This test's own Redis keys (a prefix in every key template), deleted afterwards."""
+    space = KeySpace()
+    yield space
+    space.delete(redis_client)
+
+
+@pytest.fixture
+def keys(keyspace: KeySpace) -> FrontierKeys:
+    """The ``products`` spider's keys in this test's key space."""
+    return keyspace.keys("products")
 
 
 @pytest.fixture
@@ -89,11 +102,15 @@ def make_shop() -> Iterator[Callable[..., ShopServer]]:
 
 @pytest.fixture
 def fleet(
-    services: ServicesConfig, redis_url: str, mongo_db: str, tmp_path: Path
+    services: ServicesConfig, redis_url: str, mongo_db: str, tmp_path: Path, keyspace: KeySpace
 ) -> Iterator[Fleet]:
     """Crawler nodes as real ``scrapy crawl`` processes; killed if still running."""
     crew = Fleet(
-        redis_url=redis_url, mongo_url=services.mongo_url, mongo_db=mongo_db, log_dir=tmp_path
+        redis_url=redis_url,
+        mongo_url=services.mongo_url,
+        mongo_db=mongo_db,
+        log_dir=tmp_path,
+        space=keyspace,
     )
     yield crew
     crew.stop()

@@ -1,4 +1,5 @@
-"""Helpers to run real ``scrapy crawl`` nodes against the test services."""
+"""Helpers to run real ``scrapy crawl`` nodes and the ``fleetcrawl`` command against the
+test services, each test in its own Redis key space."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
+
+from project.frontier.keys import FrontierKeys, KeyTemplates
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +30,53 @@ FAST_SETTINGS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class KeySpace:
+    """A test's own Redis keys: every key name template with a prefix of its own.
+
+    Tests share one Redis server; each runs under customised
+    ``SCHEDULER_QUEUE_KEY``, ``SCHEDULER_DUPEFILTER_KEY``, ``REDIS_START_URLS_KEY``
+    and ``FRONTIER_KEY_PREFIX``, so every node and reader must honour them.
+    """
+
+    prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
+
+    @property
+    def settings(self) -> dict[str, str]:
+        p = self.prefix
+        return {
+            "SCHEDULER_QUEUE_KEY": f"{p}:%(spider)s:requests",
+            "SCHEDULER_DUPEFILTER_KEY": f"{p}:%(spider)s:dupefilter",
+            "REDIS_START_URLS_KEY": f"{p}:%(name)s:start_urls",
+            "FRONTIER_KEY_PREFIX": f"{p}:%(spider)s",
+        }
+
+    def keys(self, spider: str = "products") -> FrontierKeys:
+        templates = KeyTemplates(
+            queue=self.settings["SCHEDULER_QUEUE_KEY"],
+            dupefilter=self.settings["SCHEDULER_DUPEFILTER_KEY"],
+            start_urls=self.settings["REDIS_START_URLS_KEY"],
+            prefix=self.settings["FRONTIER_KEY_PREFIX"],
+        )
+        return FrontierKeys.for_spider(spider, templates)
+
+    def cli_args(self) -> list[str]:
+        """``-s NAME=VALUE`` options that point the ``fleetcrawl`` command at these keys."""
+        return [arg for name, value in self.settings.items() for arg in ("-s", f"{name}={value}")]
+
+    def existing(self, client: redis.Redis) -> list[bytes]:
+        """Every key of this space (site queues carry the prefix inside a hash tag)."""
+        return [
+            *client.scan_iter(match=f"{self.prefix}:*", count=1000),
+            *client.scan_iter(match=f"{{{self.prefix}:*", count=1000),
+        ]
+
+    def delete(self, client: redis.Redis) -> None:
+        found = self.existing(client)
+        if found:
+            client.delete(*found)
+
+
 @dataclass
 class Fleet:
     """Several ``scrapy crawl`` processes sharing one Redis and one MongoDB."""
@@ -34,9 +85,15 @@ class Fleet:
     mongo_url: str
     mongo_db: str
     log_dir: Path
+    space: KeySpace = field(default_factory=KeySpace)
     spider: str = "products"
     settings: dict[str, Any] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    cwd: Path = ROOT
+
+    @property
+    def keys(self) -> FrontierKeys:
+        return self.space.keys(self.spider)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -49,15 +106,21 @@ class Fleet:
         return env
 
     def start_node(self, **settings: Any) -> subprocess.Popen[bytes]:
-        merged = {**FAST_SETTINGS, **self.settings, **settings}
+        index = len(self.procs)
+        merged = {
+            **FAST_SETTINGS,
+            **self.space.settings,
+            "MONITOR_STATS_FILE": str(self.log_dir / f"node{index}.stats.json"),
+            **self.settings,
+            **settings,
+        }
         argv = [sys.executable, "-m", "scrapy", "crawl", self.spider]
         for key, value in merged.items():
             text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
             argv += ["-s", f"{key}={text}"]
-        index = len(self.procs)
         with (self.log_dir / f"node{index}.log").open("wb") as log:
             proc = subprocess.Popen(
-                argv, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+                argv, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT
             )
         self.procs.append(proc)
         return proc
@@ -65,15 +128,25 @@ class Fleet:
     def log(self, index: int) -> str:
         return (self.log_dir / f"node{index}.log").read_text(errors="replace")
 
+    def stats(self, index: int) -> dict[str, Any]:
+        """The final stats node *index* wrote (MONITOR_STATS_FILE); {} if it wrote none."""
+        path = self.log_dir / f"node{index}.stats.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def stat(self, index: int, key: str) -> int:
+        return int(self.stats(index).get(key, 0))
+
     def seed(self, *seeds: str | bytes) -> None:
         """Push seeds the way users do: ``redis-cli lpush <spider>:start_urls``."""
-        cmd = ["redis-cli", "-u", self.redis_url, "lpush", f"{self.spider}:start_urls"]
+        key = self.keys.start_urls
         for raw in seeds:
             # redis-cli takes argv strings; bytes that are not UTF-8 go through redis-py.
             if isinstance(raw, bytes):
-                redis.Redis.from_url(self.redis_url).lpush(f"{self.spider}:start_urls", raw)
+                with redis.Redis.from_url(self.redis_url) as client:
+                    client.lpush(key, raw)
             else:
-                subprocess.run([*cmd, raw], check=True, capture_output=True)
+                cmd = ["redis-cli", "-u", self.redis_url, "lpush", key, raw]
+                subprocess.run(cmd, check=True, capture_output=True)
 
     def wait(self, timeout: float = 180.0) -> list[int]:
         deadline = time.monotonic() + timeout
@@ -105,7 +178,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``fleetcrawl`` command as users do, from the project folder."""
     return subprocess.run(
-        [sys.executable, "-m", "project.cli", *args],
+        [sys.executable, "-m", "project.ops.cli", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
@@ -116,27 +189,14 @@ def run_cli(
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.02):
-    """Poll *condition* until it returns something true; fail after *timeout* seconds."""
+    """Poll *condition* until it returns something true; fail after *timeout* seconds.
+
+    The one wait helper of the suite.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def finish_reason(log: str) -> str | None:
-    marker = "'finish_reason': '"
-    at = log.rfind(marker)
-    if at < 0:
-        return None
-    return log[at + len(marker) :].split("'", 1)[0]
-
-
-def stat(log: str, key: str) -> int:
-    marker = f"'{key}': "
-    at = log.rfind(marker)
-    if at < 0:
-        return 0
-    return int(log[at + len(marker) :].split(",", 1)[0].split("}", 1)[0])
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

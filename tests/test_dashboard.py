@@ -43,7 +43,7 @@ def _nodes(fleet, count: int) -> None:
 
 def test_basic_auth_guards_every_route(fleet) -> None:
     env = {**fleet.env(), "DASHBOARD_USERNAME": "ops", "DASHBOARD_PASSWORD": "s3cret:pw"}
-    with dashboard_process(env, fleet.log_dir / "dashboard.log") as url:
+    with dashboard_process(env, fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()) as url:
         for path in ("", "static/charts.js", "api/status", "api/history", "metrics"):
             status, _, _ = _get(url + path)
             assert status == 401, path
@@ -62,7 +62,9 @@ def test_dashboard_charts_a_two_node_crawl(fleet, make_shop) -> None:
     fleet.seed(shop.url("/"))
     console: list[str] = []
     with (
-        dashboard_process(fleet.env(), fleet.log_dir / "dashboard.log") as url,
+        dashboard_process(
+            fleet.env(), fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()
+        ) as url,
         chromium() as browser,
     ):
         page = browser.new_page(viewport={"width": 1280, "height": 1000})

@@ -9,7 +9,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.fleet import finish_reason, stat
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -34,9 +33,9 @@ def test_two_nodes_fetch_every_product_once(fleet: Fleet, make_shop, mongo) -> N
     ids = {doc["sku"] for doc in mongo.products.find({}, {"sku": 1})}
     assert len(ids) == 2000
     for index in (0, 1):
-        log = fleet.log(index)
-        assert finish_reason(log) == "finished"
-        assert stat(log, "downloader/response_count") > 100, f"node{index} did little work"
+        stats = fleet.stats(index)
+        assert stats["finish_reason"] == "finished"
+        assert stats["downloader/response_count"] > 100, f"node{index} did little work"
 
 
 def test_listing_pages_are_fetched_before_product_pages(fleet: Fleet, make_shop) -> None:

@@ -14,10 +14,11 @@ from rich.console import Console
 from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
 
-from project.dashboard import render_metrics
-from project.monitor import MonitorConfig, MonitorKeys, windowed_rate
-from project.status import StatusReader, drain_eta, failure_summary, node_view
-from project.watch import human_bytes, human_duration, render
+from project.monitoring.console import human_bytes, human_duration, render
+from project.monitoring.metrics import render_metrics
+from project.monitoring.node import MonitorConfig, windowed_rate
+from project.monitoring.status import StatusReader, drain_eta, failure_summary, node_view
+from tests.fleet import wait_for
 
 # -- a strict reader of Prometheus' text format 0.0.4 ---------------------------
 
@@ -181,6 +182,11 @@ def _status(**overrides: Any) -> dict[str, Any]:
         "seen": 200,
         "seen_bytes": 9000,
         "dead_letters": 4,
+        "sites": [
+            {"site": "shop.test:8080", "state": "throttled", "allowed_rate": 20.0,
+             "achieved_rate": 19.5, "queued": 40, "in_flight": 5, "leases": 100,
+             "concurrency": 32},
+        ],  # fmt: skip
         "nodes": [node, {**node, "id": "host:2:b", "state": "dead", "pages_per_min": 0.0}],
         "fleet": {
             "nodes_alive": 1,
@@ -233,7 +239,8 @@ def test_watch_renders_every_figure() -> None:
     console.print(render(_status()))
     text = console.export_text()
     for expected in ("queued", "42 (p10: 2, p0: 40)", "host:2:b", "dead", "ETA 20s", "150/200",
-                     "100.0 MiB", "journal backlog", "n/a", "HTTP 503", "8.8 KiB"):  # fmt: skip
+                     "100.0 MiB", "journal backlog", "n/a", "HTTP 503", "8.8 KiB",
+                     "shop.test:8080", "throttled", "20/s", "19.5/s"):  # fmt: skip
         assert expected in text, expected
 
 
@@ -265,17 +272,20 @@ def _nodes(fleet, count: int, **settings: Any) -> None:
 
 
 def _reader(fleet) -> StatusReader:
-    return StatusReader(fleet.redis_url, "products", fleet.mongo_url, fleet.mongo_db)
+    """The reader ``fleetcrawl status`` builds, under the nodes' settings."""
+    settings = Settings(
+        {**fleet.space.settings, "REDIS_URL": fleet.redis_url, "MONGO_URI": fleet.mongo_url,
+         "MONGO_DATABASE": fleet.mongo_db}
+    )  # fmt: skip
+    return StatusReader.from_settings(settings, "products")
 
 
 def _poll(reader: StatusReader, until, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    status = reader.read()
-    while not until(status):
-        assert time.monotonic() < deadline, f"timed out; last status: {status}"
-        time.sleep(0.1)
+    def ready() -> dict[str, Any] | None:
         status = reader.read()
-    return status
+        return status if until(status) else None
+
+    return wait_for(ready, timeout, "the status", interval=0.1)
 
 
 @pytest.mark.slow
@@ -305,8 +315,7 @@ def test_status_matches_a_finished_two_node_crawl(fleet, make_shop, mongo, redis
     assert status["progress"]["fraction"] == 1.0
     assert status["progress"]["eta_seconds"] == 0.0
     assert status["journal_backlog"] == 0
-    assert redis_client.exists(*(MonitorKeys.for_spider("products").node(n["id"])
-                                 for n in status["nodes"])) == 0  # fmt: skip
+    assert redis_client.zcard(fleet.keys.alive) == 0, "finished nodes left the alive set"
 
     # The leader lock: one fleet sample per interval, not one per node.
     assert len(samples) >= 3

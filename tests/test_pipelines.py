@@ -30,10 +30,10 @@ from scrapy.utils.test import get_crawler
 
 from pipelines.validation import ValidationConfig, ValidationPipeline
 from project.items import ProductItem
-from project.journal import Journal, journal_backlog
-from project.mongo import DEFAULTS, MongoConfig, MongoStore
+from project.ops.services import ensure_ferretdb, free_port
 from project.schema import Availability, Product, field_errors
-from project.services import ensure_ferretdb, free_port
+from project.storage.journal import Journal, journal_backlog
+from project.storage.store import DEFAULTS, MongoConfig, MongoStore
 from tests.site.server import ShopServer
 
 if TYPE_CHECKING:
@@ -592,7 +592,7 @@ def test_store_journals_while_unreachable_and_replays_at_next_start(
         await store.close()
         return stats.get_stats()
 
-    with caplog.at_level(logging.INFO, logger="project.mongo"):
+    with caplog.at_level(logging.INFO, logger="project.storage.store"):
         down = asyncio.run(run(dead, [_product(n) for n in range(30)]))
     gc.collect()
     assert down["mongo/journaled"] == 31

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from project.status import frontier_snapshot
-from tests.fleet import stat
+from project.monitoring.status import frontier_snapshot
+from tests.fleet import wait_for
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -25,13 +25,6 @@ def _steady_rates(shop: ShopServer) -> list[int]:
     per_second = {int(k): v for k, v in shop.stats()["per_second"].items()}
     first, last = min(per_second), max(per_second)
     return [per_second.get(second, 0) for second in range(first + 1, last)]
-
-
-def _wait_until(condition, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redis_url) -> None:
@@ -48,9 +41,9 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     assert max(rates) <= limit * 1.1 + 1, rates
     assert abs(statistics.mean(rates) - limit) <= limit * 0.1, rates
     # Whichever node asks first when tokens come due gets them: the split varies, but all work.
-    assert all(stat(fleet.log(i), "downloader/response_count") > 0 for i in range(3))
+    assert all(fleet.stat(i, "downloader/response_count") > 0 for i in range(3))
     with redis.Redis.from_url(redis_url) as client:
-        (site,) = frontier_snapshot(client, "products")["sites"]
+        (site,) = frontier_snapshot(client, fleet.keys)["sites"]
     assert site["site"] == urlsplit(shop.url("/")).netloc
     assert site["allowed_rate"] == limit
     assert site["leases"] == shop.stats()["total"] - 1  # robots.txt is not leased
@@ -83,7 +76,7 @@ def test_a_throttled_site_does_not_slow_the_other(
 
     def crawl_fast_site() -> float:
         started = time.monotonic()
-        _wait_until(lambda: len(fast.stats()["product_hits"]) == 500, 120)
+        wait_for(lambda: len(fast.stats()["product_hits"]) == 500, 120, "the fast site", 0.2)
         return time.monotonic() - started
 
     # Baseline: the fast site alone.
@@ -94,7 +87,7 @@ def test_a_throttled_site_does_not_slow_the_other(
     assert fleet.wait(60) == [0, 0]
 
     # A fresh start: a re-crawl into the same collection would time MongoDB's updates instead.
-    redis_client.flushall()
+    fleet.space.delete(redis_client)
     mongo.products.drop()
     fast.reset()
     fleet.seed(slow.url("/"), fast.url("/"))
@@ -138,7 +131,7 @@ def test_retry_after_pauses_the_site_for_every_node(fleet: Fleet, make_shop) -> 
     silent = [s for s in seconds if per_second.get(s, 0) == 0]
     assert silent, f"no pause in {per_second}"
     assert len(stats["product_hits"]) == 100
-    paused = sum(stat(fleet.log(i), "frontier/site_paused") for i in (0, 1))
+    paused = sum(fleet.stat(i, "frontier/site_paused") for i in (0, 1))
     assert paused >= 1
 
 
@@ -171,6 +164,6 @@ def test_adaptive_rate_follows_the_fleets_latency(fleet: Fleet, make_shop, redis
     assert fleet.wait(120) == [0, 0]
 
     # Target concurrency 2 over ~0.1 s latency: about 20 requests/s, from a start at 2.
-    rate = float(redis_client.hget("products:rates", site))
+    rate = float(redis_client.hget(fleet.keys.rates, site))
     assert 6 < rate <= 25, rate
     assert max(_steady_rates(shop)) <= 25 * 1.1 + 1

@@ -18,18 +18,13 @@ from scrapy.utils.test import get_crawler
 from scrapy_playwright.page import PageMethod
 
 from project import settings as project_settings
-from project.rendering import (
-    FALLBACK_META_KEY,
-    ChromiumAddon,
-    RenderingConfig,
-    RenderingConfigError,
-    RenderingMiddleware,
-    abort_heavy_request,
-    parse_render_rules,
-)
-from project.wire import UnserializableRequestError, decode_request, encode_request
+from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
+from project.addon import FleetAddon
+from project.rendering.browser import abort_heavy_request, use_system_chromium
+from project.rendering.config import RenderingConfig, RenderingConfigError, parse_render_rules
+from project.rendering.middleware import FALLBACK_META_KEY, RenderingMiddleware
 from spiders.products import ProductsSpider
-from tests.fleet import finish_reason, stat, wait_for
+from tests.fleet import wait_for
 
 if TYPE_CHECKING:
     import redis
@@ -45,9 +40,13 @@ def spider() -> ProductsSpider:
 
 
 def _project_settings(**overrides) -> Settings:
+    """The project's settings as a node sees them: settings.py, -s options, then the add-on."""
     settings = Settings()
     settings.setmodule(project_settings, priority="project")
     settings.update(overrides, priority="cmdline")
+    for addon in settings.getdict("ADDONS"):
+        assert addon == "project.addon.FleetAddon"
+        FleetAddon().update_settings(settings)
     return settings
 
 
@@ -78,16 +77,19 @@ def test_project_settings_render_with_one_bounded_browser(monkeypatch) -> None:
 
 
 def test_chromium_path_setting_beats_environment(monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("FLEETCRAWL_CHROMIUM", "/opt/env/chromium")
-    assert RenderingConfig.from_settings(_project_settings()).chromium_path == "/opt/env/chromium"
-    settings = _project_settings(PLAYWRIGHT_CHROMIUM_PATH="/opt/setting/chromium")
-    assert RenderingConfig.from_settings(settings).chromium_path == "/opt/setting/chromium"
+    (tmp_path / "env").mkdir()
+    (tmp_path / "setting").mkdir()
+    from_env, from_setting = _fake_chromium(tmp_path / "env"), _fake_chromium(tmp_path / "setting")
+    monkeypatch.setenv("FLEETCRAWL_CHROMIUM", from_env)
+    assert RenderingConfig.from_settings(_project_settings()).chromium_path == from_env
+    settings = _project_settings(PLAYWRIGHT_CHROMIUM_PATH=from_setting)
+    assert RenderingConfig.from_settings(settings).chromium_path == from_setting
 
 
 def test_addon_points_playwright_at_the_configured_chromium(tmp_path) -> None:
     binary = _fake_chromium(tmp_path)
     settings = _project_settings(PLAYWRIGHT_CHROMIUM_PATH=binary)
-    ChromiumAddon().update_settings(settings)
+    use_system_chromium(settings)
     options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
     assert options["executable_path"] == binary
     assert options["headless"] is True
@@ -99,7 +101,7 @@ def test_missing_chromium_stops_the_crawler_with_install_hint(tmp_path) -> None:
     with pytest.raises(RenderingConfigError, match=r"apt-get install chromium"):
         get_crawler(
             ProductsSpider,
-            {"ADDONS": {ChromiumAddon: 0}, "PLAYWRIGHT_CHROMIUM_PATH": missing},
+            {"ADDONS": {FleetAddon: 0}, "PLAYWRIGHT_CHROMIUM_PATH": missing},
         )
 
 
@@ -107,7 +109,7 @@ def test_remote_browser_needs_no_local_chromium(tmp_path) -> None:
     settings = _project_settings(
         PLAYWRIGHT_CHROMIUM_PATH=str(tmp_path / "none"), PLAYWRIGHT_CDP_URL="http://b:9222"
     )
-    ChromiumAddon().update_settings(settings)
+    use_system_chromium(settings)
     assert "executable_path" not in settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
 
 
@@ -344,7 +346,7 @@ def _assert_matches_catalogue(doc: dict, product: dict, shop) -> None:
 
 
 def _sum_stat(fleet: Fleet, key: str, nodes) -> int:
-    return sum(stat(fleet.log(i), key) for i in nodes)
+    return sum(fleet.stat(i, key) for i in nodes)
 
 
 def _start(fleet: Fleet, **settings):
@@ -372,12 +374,13 @@ def test_two_nodes_store_javascript_products(fleet: Fleet, make_shop, mongo) -> 
     hits = shop.stats()["hits"]
     assert not [path for path in hits if path.startswith("/img/")], "images were not aborted"
     for index in (0, 1):
-        log = fleet.log(index)
-        assert finish_reason(log) == "finished"
+        stats = fleet.stats(index)
+        assert stats["finish_reason"] == "finished"
         # Every page Chromium opened was closed again, within the bounds.
-        assert stat(log, "playwright/page_count") == stat(log, "playwright/page_count/closed")
-        assert stat(log, "playwright/page_count/max_concurrent") <= 4
-        assert stat(log, "playwright/browser_count") <= 1
+        opened = stats.get("playwright/page_count", 0)
+        assert opened == stats.get("playwright/page_count/closed", 0)
+        assert stats.get("playwright/page_count/max_concurrent", 0) <= 4
+        assert stats.get("playwright/browser_count", 0) <= 1
     assert _sum_stat(fleet, "playwright/page_count", (0, 1)) == len(js_ids)
     assert _sum_stat(fleet, "playwright/request_count/aborted", (0, 1)) >= len(js_ids)
 
@@ -393,9 +396,8 @@ def test_fallback_renders_exactly_the_pages_without_product_markup(
     fleet.seed(shop.url("/"))
     assert fleet.wait(120) == [0]
 
-    log = fleet.log(0)
-    assert stat(log, "playwright/fallback") == len(js_ids) == 12
-    assert stat(log, "products/no_product_markup") == 0
+    assert fleet.stat(0, "playwright/fallback") == len(js_ids) == 12
+    assert fleet.stat(0, "products/no_product_markup") == 0
     product_hits = {int(k): v for k, v in shop.stats()["product_hits"].items()}
     assert len(product_hits) == 60
     assert {pid for pid, n in product_hits.items() if n == 2} == js_ids, "plain page rendered"
@@ -418,7 +420,7 @@ def test_node_that_never_renders_starts_no_browser(fleet: Fleet, make_shop, mong
     assert node.returncode == 0
     assert mongo.products.count_documents({}) == 40
     assert children == set(), "Playwright or Chromium started without a render"
-    assert stat(fleet.log(0), "playwright/browser_count") == 0
+    assert fleet.stat(0, "playwright/browser_count") == 0
 
 
 @pytest.mark.slow
@@ -446,9 +448,9 @@ def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     assert fleet.wait(90) == [0]
 
     log = fleet.log(0)
-    assert stat(log, "playwright/page_count") == 7
-    assert stat(log, "playwright/page_count/closed") == 7
-    assert stat(log, "playwright/page_count/max_concurrent") <= 4
+    assert fleet.stat(0, "playwright/page_count") == 7
+    assert fleet.stat(0, "playwright/page_count/closed") == 7
+    assert fleet.stat(0, "playwright/page_count/max_concurrent") <= 4
     assert log.count("Closing page due to failed request") == 6
 
 
@@ -479,7 +481,7 @@ def test_render_survives_lease_expiry_and_node_kill(
     marker = f'/product/{victim}"'.encode()
 
     def holder() -> bytes | None:
-        for member in redis_client.zrange("products:inflight", 0, -1):
+        for member in redis_client.zrange(fleet.keys.inflight, 0, -1):
             if marker in member:
                 return member.split(b"\n", 1)[0]
         return None
@@ -514,7 +516,7 @@ def test_render_survives_lease_expiry_and_node_kill(
     codes = fleet.wait(120)
     assert codes[survivor] == 0
     assert codes[index] == -signal.SIGKILL
-    assert stat(fleet.log(survivor), "frontier/reaped") >= 1
+    assert fleet.stat(survivor, "frontier/reaped") >= 1
     assert shop.stats()["product_hits"][str(victim)] == 2
     stored = _stored(mongo)
     assert set(stored) == set(catalogue)

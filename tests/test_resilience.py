@@ -9,20 +9,20 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from project.services import start_redis, stop_service
-from tests.fleet import finish_reason, stat, wait_for
+from project.ops.services import start_redis, stop_service
+from tests.fleet import wait_for
 
 if TYPE_CHECKING:
     import redis
 
-    from project.services import ServicesConfig
+    from project.ops.services import ServicesConfig
     from tests.fleet import Fleet
 
 pytestmark = pytest.mark.slow
 
 
-def _leased_listing(client: redis.Redis) -> bool:
-    return any(b"/category/" in m for m in client.zrange("products:inflight", 0, -1))
+def _leased_listing(client: redis.Redis, fleet: Fleet) -> bool:
+    return any(b"/category/" in m for m in client.zrange(fleet.keys.inflight, 0, -1))
 
 
 def _products_stored(mongo, count: int):
@@ -44,21 +44,21 @@ def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, mome
     fleet.seed(shop.url("/"))
     victim = fleet.start_node()
     if moment == "leased_listing":
-        wait_for(lambda: _leased_listing(redis_client), 30, "a leased listing page", 0.005)
+        wait_for(lambda: _leased_listing(redis_client, fleet), 30, "a leased listing page", 0.005)
     elif moment == "mid_crawl":
         wait_for(_products_stored(mongo, products // 3), 60, "a third of the products")
     else:
         wait_for(_products_stored(mongo, products * 9 // 10), 90, "most products")
     victim.kill()
     victim.wait(10)
-    held = redis_client.zcard("products:inflight")
+    held = redis_client.zcard(fleet.keys.inflight)
     fleet.start_node()
     fleet.start_node()
     codes = fleet.wait(180)
     assert codes[1:] == [0, 0]
     _assert_every_product_once(shop, mongo, products)
     if held:
-        assert stat(fleet.log(1), "frontier/reaped") + stat(fleet.log(2), "frontier/reaped") >= 1
+        assert fleet.stat(1, "frontier/reaped") + fleet.stat(2, "frontier/reaped") >= 1
 
 
 def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: ServicesConfig) -> None:
@@ -73,9 +73,7 @@ def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: Servi
     start_redis(services)
     assert fleet.wait(240) == [0, 0]
     _assert_every_product_once(shop, mongo, products)
-    errors = stat(fleet.log(0), "frontier/redis_errors") + stat(
-        fleet.log(1), "frontier/redis_errors"
-    )
+    errors = fleet.stat(0, "frontier/redis_errors") + fleet.stat(1, "frontier/redis_errors")
     assert errors >= 1, "the restart went unnoticed"
 
 
@@ -104,16 +102,15 @@ def test_bad_seeds_are_dead_lettered_and_good_ones_crawled(
     hits = shop.stats()["hits"]
     for url in good:
         assert hits.get(urlsplit(url).path) == 1
-    dead = [json.loads(r) for r in redis_client.lrange("products:dead", 0, -1)]
+    dead = [json.loads(r) for r in redis_client.lrange(fleet.keys.dead, 0, -1)]
     assert len(dead) == len(bad)
     assert {d["kind"] for d in dead} == {"seed"}
     assert all(len(d["url"]) < 300 for d in dead), "a huge seed was stored whole"
-    rejected = sum(stat(fleet.log(i), "frontier/seeds/rejected") for i in (0, 1))
+    rejected = sum(fleet.stat(i, "frontier/seeds/rejected") for i in (0, 1))
     assert rejected == len(bad)
     for index in (0, 1):
-        log = fleet.log(index)
-        assert finish_reason(log) == "finished"
-        assert "x" * 1000 not in log, "a huge seed was logged whole"
+        assert fleet.stats(index)["finish_reason"] == "finished"
+        assert "x" * 1000 not in fleet.log(index), "a huge seed was logged whole"
     assert mongo.failures.count_documents({"kind": "seed"}) == len(bad)
 
 
@@ -135,7 +132,7 @@ def test_flaky_pages_are_retried_then_dead_lettered(
     stored = {doc["_id"].rsplit("/", 1)[1] for doc in mongo.products.find({}, {"_id": 1})}
     assert {str(pid) for pid in expected["flaky"]} <= stored
     assert not {str(pid) for pid in expected["broken"]} & stored
-    dead = [json.loads(r) for r in redis_client.lrange("products:dead", 0, -1)]
+    dead = [json.loads(r) for r in redis_client.lrange(fleet.keys.dead, 0, -1)]
     assert sorted(int(d["url"].rsplit("/", 1)[1]) for d in dead) == sorted(expected["broken"])
     assert {(d["attempts"], d["error"]) for d in dead} == {(3, "HTTP 503")}
     assert mongo.failures.count_documents({"kind": "request"}) == len(expected["broken"])

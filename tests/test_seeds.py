@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from project.seeds import InvalidSeed, Seed, parse_seed, preview
+from project.frontier.seeds import InvalidSeed, Seed, parse_seed, preview
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Real Redis and FerretDB processes started through project.services."""
+"""Real Redis and FerretDB processes started through project.ops.services."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pymongo
 import pytest
 import redis
 
-from project.services import (
+from project.ops.services import (
     SERVICE_NAMES,
     ServiceError,
     ServicesConfig,
@@ -24,19 +24,19 @@ from project.services import (
     ensure_redis_server,
     free_port,
     main,
-    mask_url,
     start_mongo,
     start_redis,
     status,
     stop_service,
 )
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from pymongo.collection import Collection
 
-    from project.services import ServiceInfo
+    from project.ops.services import ServiceInfo
 
 START = {"redis": start_redis, "mongo": start_mongo}
 PID_FILES = {"redis": "redis/redis.pid", "mongo": "ferretdb/ferretdb.pid"}
@@ -111,7 +111,7 @@ def test_redis_password_stays_private(
 ) -> None:
     secret = 's3cr et"@/x'
     cfg = ServicesConfig(tmp_path / "state", redis_port=free_port(), redis_password=secret)
-    caplog.set_level(logging.DEBUG, logger="project.services")
+    caplog.set_level(logging.DEBUG, logger="project.ops.services")
     try:
         info = _start(cfg, "redis", spawned)
         config_file = cfg.state_dir / "redis" / "redis.conf"

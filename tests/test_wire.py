@@ -8,7 +8,7 @@ import pytest
 from scrapy import Request
 from scrapy.http import FormRequest
 
-from project.wire import UnserializableRequestError, decode_request, encode_request
+from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
 from spiders.products import ProductsSpider
 
 
@@ -90,7 +90,7 @@ def test_form_requests_travel_but_arbitrary_classes_do_not(spider: ProductsSpide
 
 
 def test_backoff_grows_with_jitter() -> None:
-    from project.retry import backoff_delay
+    from project.frontier.retry import backoff_delay
 
     for attempt in range(6):
         ceiling = min(60.0, 1.0 * 2**attempt)

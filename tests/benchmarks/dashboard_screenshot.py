@@ -21,28 +21,30 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from project.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
-from project.settings import PLAYWRIGHT_LAUNCH_OPTIONS
+from project.ops.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
+from project.rendering.config import RenderingConfig
 from tests.fleet import ROOT, Fleet
 from tests.site.server import ShopServer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from playwright.sync_api import Browser, Page
 
 CHROMIUM = "/usr/bin/chromium"
 #: The same flags as the crawler nodes' Chromium (root, closed network).
-CHROMIUM_ARGS: list[str] = PLAYWRIGHT_LAUNCH_OPTIONS["args"]
+CHROMIUM_ARGS: list[str] = RenderingConfig().launch_options["args"]
 #: Node settings for a lively dashboard: a heartbeat every half second.
 MONITORED = {"MONITOR_INTERVAL": 0.5, "MONITOR_NODE_TIMEOUT": 3.0}
 
 
 @contextlib.contextmanager
-def dashboard_process(env: dict[str, str], log: Path, spider: str = "products") -> Iterator[str]:
+def dashboard_process(
+    env: dict[str, str], log: Path, spider: str = "products", args: Sequence[str] = ()
+) -> Iterator[str]:
     """``fleetcrawl dashboard`` on a free port; yields its base URL, stops it afterwards."""
     port = free_port()
-    argv = [sys.executable, "-m", "project.cli", "dashboard", "--port", str(port)]
+    argv = [sys.executable, "-m", "project.ops.cli", "dashboard", "--port", str(port), *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*argv, "--spider", spider], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT

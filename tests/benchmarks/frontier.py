@@ -28,9 +28,12 @@ import redis.asyncio
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from project.queue import FrontierKeys, LeasedQueue, StepBatch
-from project.services import ServicesConfig, free_port, start_redis, stop_service
-from project.wire import encode_request, site_of
+from project.frontier.config import SiteLimits
+from project.frontier.keys import FrontierKeys
+from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.sites import site_of
+from project.frontier.wire import encode_request
+from project.ops.services import ServicesConfig, free_port, start_redis, stop_service
 from spiders.products import ProductsSpider
 from tests.site.server import ShopServer
 
@@ -118,7 +121,7 @@ def storage_bytes(redis_url: str, base: str, n: int = 5000) -> dict[str, dict[st
 
     async def fleet() -> None:
         aclient = redis.asyncio.from_url(redis_url)
-        leased = LeasedQueue(aclient, spider, keys, "bench", 60000)
+        leased = LeasedQueue(aclient, spider, keys, "bench", 60000, SiteLimits())
         fps = crawler.request_fingerprinter
         batch = [
             (

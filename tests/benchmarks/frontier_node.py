@@ -76,7 +76,11 @@ class StockProducts(RedisSpider):  # type: ignore[misc]
 def main() -> None:
     variant, out = sys.argv[1], sys.argv[2]
     settings = get_project_settings()
-    settings.set("ITEM_PIPELINES", {})
+    # The add-on adds what a project does not name: switch the pipelines off by name.
+    settings.set(
+        "ITEM_PIPELINES",
+        {"pipelines.validation.ValidationPipeline": None, "pipelines.mongo.MongoPipeline": None},
+    )
     settings.set("LOG_LEVEL", "WARNING")
     settings.set("CONCURRENT_REQUESTS", int(os.environ.get("BENCH_CONCURRENCY", "16")))
     settings.set("CONCURRENT_REQUESTS_PER_DOMAIN", int(os.environ.get("BENCH_CONCURRENCY", "16")))
@@ -96,7 +100,12 @@ def main() -> None:
         settings.set("MAX_IDLE_TIME_BEFORE_CLOSE", 2)
         settings.set(
             "DOWNLOADER_MIDDLEWARES",
-            {"project.retry.FrontierRetryMiddleware": None},
+            {
+                "project.frontier.retry.FrontierRetryMiddleware": None,
+                "project.frontier.robots.RobotsCacheMiddleware": None,
+                "project.rendering.middleware.RenderingMiddleware": None,
+                "scrapy.downloadermiddlewares.retry.RetryMiddleware": 550,
+            },
         )
         spider = StockProducts
     probe = _Probe(out)

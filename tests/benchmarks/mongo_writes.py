@@ -30,9 +30,9 @@ from pymongo import AsyncMongoClient
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
-from project.mongo import MongoStore
+from project.ops.services import ServicesConfig, free_port, start_mongo, stop_service
 from project.schema import Product
-from project.services import ServicesConfig, free_port, start_mongo, stop_service
+from project.storage.store import MongoStore
 
 VARIANTS = ("store batched", "update_one")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from project.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
+from project.ops.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
 from tests.fleet import Fleet
 from tests.site.server import ShopServer
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from project.services import ServicesConfig, free_port, start_redis, stop_service
+from project.ops.services import ServicesConfig, free_port, start_redis, stop_service
 from tests.site.server import ShopServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from project.services import ServicesConfig, free_port, start_redis, stop_service
+from project.ops.services import ServicesConfig, free_port, start_redis, stop_service
 from tests.benchmarks.frontier import run_variant
 from tests.site.server import ShopServer
 

@@ -1,0 +1,88 @@
+"""FleetAddon: the one ``ADDONS`` line that makes a Scrapy project a fleet node.
+
+Every component goes in with ``setdefault``-style updates at the add-on's
+priority, so a project's own settings (``settings.py``, ``-s``) win::
+
+    ADDONS = {"project.addon.FleetAddon": 0}
+    REDIS_URL = "redis://10.0.0.5:6379/0"
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scrapy.downloadermiddlewares.retry import RetryMiddleware
+from scrapy.extensions.remote_control import RemoteControl
+
+from pipelines.mongo import MongoPipeline
+from pipelines.validation import ValidationPipeline
+from project.config import exported_defaults
+from project.frontier.retry import FrontierRetryMiddleware
+from project.frontier.robots import RobotsCacheMiddleware
+from project.monitoring.node import NodeMonitor
+from project.monitoring.statsfile import StatsFile
+from project.rendering.browser import use_system_chromium
+from project.rendering.config import RenderingConfig
+from project.rendering.middleware import RenderingMiddleware
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+__all__ = ["FleetAddon"]
+
+_PRIORITY = "addon"
+_PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+
+#: Scrapy settings the fleet needs one way: asyncio for scrapy-playwright and
+#: the async Redis and MongoDB clients; no telnet console or remote-control
+#: server on crawler nodes.
+_SETTINGS = {
+    "SCHEDULER": "project.frontier.scheduler.FleetScheduler",
+    "DUPEFILTER_CLASS": "project.frontier.dupefilter.FleetDupeFilter",
+    "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+    "TELNETCONSOLE_ENABLED": False,
+    "REMOTE_CONTROL_ENABLED": False,
+}
+
+_DOWNLOADER_MIDDLEWARES = {
+    # Retries go back through Redis with a not-before time instead.
+    RetryMiddleware: None,
+    FrontierRetryMiddleware: 550,
+    # Right after Scrapy's RobotsTxtMiddleware (100), which downloads robots.txt through it.
+    RobotsCacheMiddleware: 101,
+    RenderingMiddleware: 560,
+}
+
+_EXTENSIONS = {RemoteControl: None, NodeMonitor: 500, StatsFile: 510}
+
+_ITEM_PIPELINES = {ValidationPipeline: 100, MongoPipeline: 300}
+
+
+def _setdefault(settings: BaseSettings, name: str, value: object) -> None:
+    # Only over Scrapy's defaults: a value the project set has a higher priority.
+    settings.set(name, value, priority=_PRIORITY)
+
+
+class FleetAddon:
+    """Wires the shared frontier, retries, shared robots.txt, rendering, monitoring
+    and the item pipelines into a Scrapy project, and checks for Chromium."""
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        """Add the fleet's components unless the project configured them itself."""
+        for name, value in _SETTINGS.items():
+            _setdefault(settings, name, value)
+        for name, default in exported_defaults(RenderingConfig).items():
+            _setdefault(settings, name, default)
+        for setting, components in (
+            ("DOWNLOADER_MIDDLEWARES", _DOWNLOADER_MIDDLEWARES),
+            ("EXTENSIONS", _EXTENSIONS),
+            ("ITEM_PIPELINES", _ITEM_PIPELINES),
+        ):
+            for component, order in components.items():
+                settings.setdefault_in_component_priority_dict(setting, component, order)  # type: ignore[arg-type]
+        handlers = settings.getdict("DOWNLOAD_HANDLERS")
+        for scheme in ("http", "https"):
+            handlers.setdefault(scheme, _PLAYWRIGHT_HANDLER)
+        priority = settings.getpriority("DOWNLOAD_HANDLERS") or 0
+        settings.set("DOWNLOAD_HANDLERS", handlers, priority=priority)
+        use_system_chromium(settings)

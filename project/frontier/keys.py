@@ -1,0 +1,125 @@
+"""Every Redis key of one spider's crawl, built from the settings in one place.
+
+Nodes, ``fleetcrawl status``, the dashboard and the admin commands all build
+keys here, so a customised ``SCHEDULER_QUEUE_KEY``, ``SCHEDULER_DUPEFILTER_KEY``,
+``REDIS_START_URLS_KEY`` or ``FRONTIER_KEY_PREFIX`` means the same keys to all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scrapy.exceptions import NotConfigured
+from scrapy_redis import defaults
+
+from project.config import read_settings, setting
+from project.frontier import lua
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy.settings import BaseSettings
+
+__all__ = ["FrontierKeys", "KeyTemplates", "hash_tag"]
+
+
+def hash_tag(key: str) -> str | None:
+    """The part of *key* Redis Cluster hashes, when it has one: ``{tag}`` rules."""
+    open_ = key.find("{")
+    close = key.find("}", open_ + 1) if open_ >= 0 else -1
+    return key[open_ + 1 : close] if close > open_ + 1 else None
+
+
+@dataclass(frozen=True)
+class KeyTemplates:
+    """The key names' templates: scrapy-redis' three, and the prefix of the fleet's own keys."""
+
+    queue: str = setting("SCHEDULER_QUEUE_KEY", defaults.SCHEDULER_QUEUE_KEY)
+    dupefilter: str = setting("SCHEDULER_DUPEFILTER_KEY", defaults.SCHEDULER_DUPEFILTER_KEY)
+    start_urls: str = setting("REDIS_START_URLS_KEY", defaults.START_URLS_KEY)
+    prefix: str = setting("FRONTIER_KEY_PREFIX", "%(spider)s")
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        return cls(**read_settings(cls, settings))
+
+
+@dataclass(frozen=True)
+class FrontierKeys:
+    """Redis keys of one spider: scrapy-redis' names for the queue, seen-set and
+    seeds, and ``<prefix>:<name>`` for everything else.
+
+    A site's queue (:meth:`site_queue`) carries the queue key's hash tag, or the
+    queue key as its tag, so it lives in the queue key's slot.
+    """
+
+    spider: str
+    queue: str
+    dupefilter: str
+    start_urls: str
+    inflight: str
+    delayed: str
+    dead: str
+    seq: str
+    throttled: str
+    limits: str
+    rates: str
+    buckets: str
+    active: str
+    leases: str
+    lat_sum: str
+    lat_n: str
+    queued: str
+    robots: str
+    nodes: str
+    alive: str
+    history: str
+    history_leader: str
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
+        """The keys of *spider* under these settings."""
+        return cls.for_spider(spider, KeyTemplates.from_settings(settings))
+
+    @classmethod
+    def for_spider(cls, spider: str, templates: KeyTemplates | None = None) -> Self:
+        """The keys of *spider* (scrapy-redis' default names without *templates*)."""
+        t = templates or KeyTemplates()
+        prefix = t.prefix % {"spider": spider}
+        own = {
+            name: f"{prefix}:{name}"
+            for name in (
+                "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
+                "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
+                "history",
+            )
+        }  # fmt: skip
+        queue = t.queue % {"spider": spider}
+        if hash_tag(queue) is None and ("{" in queue or "}" in queue):
+            raise NotConfigured(
+                f"SCHEDULER_QUEUE_KEY gives {queue!r}: braces without a hash tag such as"
+                " {products} leave no way to keep the site queues in the queue key's slot"
+            )
+        return cls(
+            spider=spider,
+            queue=queue,
+            dupefilter=t.dupefilter % {"spider": spider},
+            start_urls=t.start_urls % {"name": spider},
+            history_leader=f"{prefix}:history:leader",
+            **own,
+        )
+
+    def site_queue(self, site: str) -> str:
+        """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""
+        if hash_tag(self.queue) is not None:
+            return f"{self.queue}:{site}"
+        return f"{{{self.queue}}}:{site}"
+
+    def robots_lock(self, netloc: str) -> str:
+        """The lock one node holds while it fetches *netloc*'s robots.txt for the fleet."""
+        return f"{self.robots}:lock:{netloc}"
+
+    def frontier(self) -> list[str]:
+        """The keys of the queue itself: what the step script touches, site queues aside."""
+        return lua.load("step").keys_from(self)

@@ -1,0 +1,417 @@
+"""The node's side of the shared frontier: its leases, its buffers, one round trip per tick."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from project.frontier.engine import requests_in_progress, wake_engine
+from project.frontier.queue import StepBatch
+from project.frontier.seeds import InvalidSeed, preview
+from project.frontier.sites import SiteResolver, site_of
+from project.frontier.wire import decode_request, encode_request
+from project.utils import mask_url
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+
+    from project.frontier.config import FrontierConfig
+    from project.frontier.queue import Leased, LeasedQueue
+    from project.storage.deadletters import DeadLetterSink
+
+__all__ = ["LEASE_META_KEY", "OUTCOME_META_KEY", "FrontierLoop"]
+
+logger = logging.getLogger(__name__)
+
+#: request.meta key through which middlewares ask for a retry or a dead letter.
+OUTCOME_META_KEY = "_frontier_outcome"
+#: request.meta key of a request this node holds a lease on.
+LEASE_META_KEY = "_frontier_lease"
+
+_BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
+_BACKOFF_MAX = 10.0
+
+
+@dataclass(slots=True)
+class _Lease:
+    member: bytes
+    site: str
+    payload: bytes
+
+
+class FrontierLoop:
+    """Leases in a local heap, requests to enqueue and leases to settle, and the task
+    that sends them to Redis: at most one Lua round trip per tick (lua/step.lua).
+
+    The engine-facing side (:meth:`buffer`, :meth:`pop`) never touches the network.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        spider: Spider,
+        config: FrontierConfig,
+        queue: LeasedQueue,
+        dead_sink: DeadLetterSink,
+    ) -> None:
+        assert crawler.stats is not None
+        self.crawler = crawler
+        self.spider = spider
+        self.stats: StatsCollector = crawler.stats
+        self.config = config
+        self.queue = queue
+        self.dead_sink = dead_sink
+        self.finished = False
+        self._heap: list[tuple[float, int, Request, _Lease]] = []
+        self._heap_counter = 0
+        self._consumed = 0  # requests dispatched since the last round trip
+        self._dispatched: dict[Request, _Lease] = {}
+        self._enqueue: list[tuple[bytes, str, int, bytes]] = []
+        self._settle = StepBatch()
+        self._latency: dict[str, list[float]] = {}
+        self._resolver = SiteResolver() if config.site_key == "ip" else None
+        self._next_wake: float | None = None  # monotonic time a throttled site may go
+        self._seeds_maybe = True
+        self._counts: tuple[int, int, int, int] | None = None
+        self._idle_since: float | None = None
+        self._closing = False
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_heartbeat = 0.0
+        self._last_maintenance = 0.0
+        self._redis_down_since: float | None = None
+
+    # -- engine side (no I/O) ----------------------------------------------
+
+    def buffer(self, fingerprint: bytes, site: str, priority: int, payload: bytes) -> None:
+        """Queue a request for the next round trip."""
+        self._enqueue.append((fingerprint, site, priority, payload))
+        if len(self._enqueue) >= self.config.batch_max:
+            self._wakeup.set()
+
+    def pop(self) -> Request | None:
+        """The best leased request, now counted as dispatched."""
+        self._wakeup.set()
+        if not self._heap:
+            return None
+        *_, request, lease = heapq.heappop(self._heap)
+        self._dispatched[request] = lease
+        self._consumed += 1
+        self.stats.inc_value("frontier/dispatched")
+        return request
+
+    def has_pending(self) -> bool:
+        """Leased requests not dispatched yet, or requests not enqueued yet."""
+        return bool(self._heap or self._enqueue)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    @property
+    def held(self) -> int:
+        """Requests this node holds: leased but not yet settled."""
+        return len(self._heap) + len(self._dispatched)
+
+    def record_latency(self, url: str, seconds: float) -> None:
+        """A download latency sample for adaptive throttling."""
+        self._latency.setdefault(site_of(url), []).append(seconds)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the I/O task on the running asyncio loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop the task, settle and flush what is left, give unstarted leases back."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        # Everything dispatched has left the engine by now.
+        self._reconcile(force=True)
+        try:
+            while self._enqueue or self._has_settlements():
+                await self._step(want=0, seed_want=0)
+            held = [lease.member for *_, lease in self._heap]
+            released = await self.queue.release(held)
+            if released:
+                logger.info("Released %d unstarted leases", released, extra={"spider": self.spider})
+        except RedisError as exc:
+            logger.error(
+                "Redis unreachable at close (%s): %d leases will be reaped after expiry,"
+                " %d discovered requests will be rediscovered from their re-crawled parents",
+                exc,
+                self.held,
+                len(self._enqueue),
+                extra={"spider": self.spider},
+            )
+
+    # -- the I/O task ----------------------------------------------------------
+
+    async def _run(self) -> None:
+        tick = self.config.tick_seconds
+        delay = tick
+        while not self._closing:
+            started = time.monotonic()
+            try:
+                self._reconcile()
+                want = self._want()
+                self._consumed = 0
+                busy = await self._step(want=want, seed_want=self._seed_want())
+                self.dead_sink.kick()
+            except RedisError as exc:
+                self._on_redis_error(exc)
+                delay = min(max(delay * 2, _BACKOFF_MIN), _BACKOFF_MAX)
+            except Exception:
+                # A bug here must not silently stop the node's frontier.
+                self.stats.inc_value("frontier/errors")
+                logger.exception("Frontier step failed", extra={"spider": self.spider})
+                delay = min(max(delay * 2, _BACKOFF_MIN), _BACKOFF_MAX)
+            else:
+                self._on_redis_back()
+                delay = tick if busy else min(max(delay * 2, tick), self.config.idle_poll_max)
+                if self._next_wake is not None and self._want():
+                    # A throttled site gets tokens then: be there to lease them.
+                    delay = min(delay, max(tick, self._next_wake - time.monotonic()))
+            # At most one round trip per tick; sooner only when woken with work.
+            await asyncio.sleep(max(0.0, tick - (time.monotonic() - started)))
+            self._wakeup.clear()
+            if delay > tick:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                if self._wakeup.is_set() and self._has_work():
+                    delay = tick
+
+    def _has_work(self) -> bool:
+        return bool(self._enqueue or self._dispatched or self._want())
+
+    def _has_settlements(self) -> bool:
+        s = self._settle
+        return bool(s.acks or s.retries or s.dead or s.pauses)
+
+    def _on_redis_error(self, exc: RedisError) -> None:
+        self.stats.inc_value("frontier/redis_errors")
+        if self._redis_down_since is None:
+            self._redis_down_since = time.monotonic()
+            logger.error(
+                "Redis unreachable at %s (%s); holding %d requests to enqueue, retrying",
+                mask_url(self.config.redis_url),
+                exc,
+                len(self._enqueue),
+                extra={"spider": self.spider},
+            )
+
+    def _on_redis_back(self) -> None:
+        if self._redis_down_since is not None:
+            logger.warning(
+                "Redis reachable again after %.1fs",
+                time.monotonic() - self._redis_down_since,
+                extra={"spider": self.spider},
+            )
+            self._redis_down_since = None
+
+    def _want(self) -> int:
+        # A fast node drains its local batch within one tick: lease ahead by
+        # about what it consumed last tick, so it never waits on Redis.
+        # FRONTIER_PREFETCH = 0 asks for strict priority order instead.
+        config = self.config
+        prefetch = max(config.prefetch, 2 * self._consumed) if config.prefetch else 0
+        return max(0, min(config.batch_max, config.concurrency + prefetch - self.held))
+
+    def _seed_want(self) -> int:
+        if self._closing or not self._seeds_maybe:
+            return 0
+        return self.config.seed_batch
+
+    def _reconcile(self, force: bool = False) -> None:
+        """Turn requests that left the engine into acks, retries or dead letters."""
+        if not self._dispatched:
+            return
+        inprogress = set() if force else requests_in_progress(self.crawler)
+        for request in [r for r in self._dispatched if r not in inprogress]:
+            lease = self._dispatched.pop(request)
+            outcome = request.meta.get(OUTCOME_META_KEY)
+            if outcome is None:
+                self._settle.acks.append(lease.member)
+                continue
+            if outcome["action"] == "retry":
+                payload = encode_request(request, self.spider, id=os.urandom(6).hex())
+                delay_ms = int(outcome["delay"] * 1000)
+                self._settle.retries.append((lease.member, delay_ms, lease.site, payload))
+            else:
+                record = self._dead_record(request.url, lease.site, outcome, lease.payload)
+                self._settle.dead.append((lease.member, record))
+            if outcome.get("pause"):
+                self._settle.pauses.append((lease.site, int(outcome["pause"] * 1000)))
+
+    def _dead_record(
+        self, url: str, site: str | None, outcome: dict[str, Any], payload: bytes | None
+    ) -> bytes:
+        return json.dumps(
+            {
+                "url": url,
+                "site": site,
+                "attempts": outcome.get("attempts", 0),
+                "error": outcome.get("error", ""),
+                "kind": outcome.get("kind", "request"),
+                "time": time.time(),
+                "node": self.config.node_id,
+                "request": payload.decode("utf-8", "replace") if payload else None,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    async def _step(self, want: int, seed_want: int) -> bool:
+        """One round trip. Returns True when it moved anything."""
+        now = time.monotonic()
+        batch = StepBatch(want=want, seed_want=seed_want)
+        batch.enqueue = self._enqueue[: self.config.batch_max]
+        # Settle a lease only once everything its callback produced is sent.
+        settle = len(batch.enqueue) == len(self._enqueue)
+        if settle:
+            s = self._settle
+            batch.acks, batch.retries, batch.dead, batch.pauses = (
+                s.acks,
+                s.retries,
+                s.dead,
+                s.pauses,
+            )
+        if self._latency:
+            batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
+        if self._resolver is not None:
+            await self._key_by_ip(batch, self._resolver)
+        if now - self._last_heartbeat >= self.config.heartbeat_seconds:
+            batch.heartbeat = [lease.member for *_, lease in self._heap]
+            batch.heartbeat += [lease.member for lease in self._dispatched.values()]
+        batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
+        result = await self.queue.step(batch)
+        self.stats.inc_value("frontier/round_trips")
+        if batch.latency:
+            self._latency = {}
+        wake = result.next_wake_ms
+        self._next_wake = None if wake is None else time.monotonic() + wake / 1000
+        if batch.pauses:
+            self._count("frontier/site_paused", len(batch.pauses))
+        # Only now, with the step known to have run, drop what it carried.
+        del self._enqueue[: len(batch.enqueue)]
+        if settle:
+            self._settle = StepBatch()
+            self._count("frontier/acked", len(batch.acks))
+            self._count("frontier/retried", len(batch.retries))
+            self._count("frontier/dead", len(batch.dead))
+            if batch.dead:
+                self.dead_sink.add([record for _, record in batch.dead])
+        if batch.heartbeat:
+            self._last_heartbeat = now
+        if batch.maintain:
+            self._last_maintenance = now
+            self._counts = result.counts
+            self._seeds_maybe = self._seeds_maybe or bool(result.counts and result.counts[3])
+            self._count("frontier/reaped", result.reaped)
+            self._count("frontier/retries_due", result.promoted)
+            if result.reaped:
+                logger.warning(
+                    "Put back %d expired leases of dead or stalled nodes",
+                    result.reaped,
+                    extra={"spider": self.spider},
+                )
+        self._count("frontier/enqueued", result.added)
+        self._count("frontier/duplicates", result.duplicates)
+        self._accept_leases(result.leased)
+        self._accept_seeds(result.seeds, seed_want)
+        moved = bool(batch.enqueue or result.leased or result.seeds or batch.acks)
+        self._check_finished(moved)
+        if result.leased or result.seeds or self.finished:
+            wake_engine(self.crawler)
+        return moved
+
+    async def _key_by_ip(self, batch: StepBatch, resolver: SiteResolver) -> None:
+        """Sites named by IP. Retries keep the site their lease was granted under."""
+        batch.enqueue = [
+            (fp, await resolver.resolve(site), priority, payload)
+            for fp, site, priority, payload in batch.enqueue
+        ]
+        batch.pauses = [(await resolver.resolve(site), ms) for site, ms in batch.pauses]
+        batch.latency = [(await resolver.resolve(s), total, n) for s, total, n in batch.latency]
+
+    def _count(self, key: str, n: int) -> None:
+        if n:
+            self.stats.inc_value(key, n)
+
+    def _accept_leases(self, leased: list[Leased]) -> None:
+        self._count("frontier/leased", len(leased))
+        for entry in leased:
+            member = self.queue.request_member(entry.site, entry.payload)
+            try:
+                request, _ = decode_request(entry.payload, self.spider)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                self.stats.inc_value("frontier/undecodable")
+                logger.error(
+                    "Dead-lettering an undecodable queue entry (%s): %s",
+                    exc,
+                    preview(entry.payload),
+                    extra={"spider": self.spider},
+                )
+                outcome = {"error": f"undecodable: {exc}", "kind": "payload"}
+                record = self._dead_record("", entry.site, outcome, entry.payload)
+                self._settle.dead.append((member, record))
+                continue
+            request.meta[LEASE_META_KEY] = True
+            self._heap_counter += 1
+            lease = _Lease(member, entry.site, entry.payload)
+            heapq.heappush(self._heap, (entry.score, self._heap_counter, request, lease))
+
+    def _accept_seeds(self, seeds: list[bytes], asked: int) -> None:
+        if asked and len(seeds) < asked:
+            self._seeds_maybe = False
+        for raw in seeds:
+            member = self.queue.seed_member(raw)
+            try:
+                request = self.spider.request_from_seed(raw)  # type: ignore[attr-defined]
+            except InvalidSeed as exc:
+                self.stats.inc_value("frontier/seeds/rejected")
+                self.stats.inc_value(f"frontier/seeds/rejected/{exc.code}")
+                logger.warning(
+                    "Rejected seed %r: %s", preview(raw), exc, extra={"spider": self.spider}
+                )
+                outcome = {"error": str(exc), "kind": "seed"}
+                record = self._dead_record(preview(raw), None, outcome, None)
+                self._settle.dead.append((member, record))
+                continue
+            self.stats.inc_value("frontier/seeds/accepted")
+            # Scheduled through the engine like any request; the seed's own
+            # lease is acked in the same round trip that enqueues it.
+            assert self.crawler.engine is not None
+            self.crawler.engine.crawl(request)
+            self._settle.acks.append(member)
+
+    def _check_finished(self, moved: bool) -> None:
+        local_busy = bool(
+            self._heap or self._dispatched or self._enqueue or self._has_settlements() or moved
+        )
+        fleet_busy = self._counts is None or any(self._counts)
+        if local_busy or fleet_busy or self.config.keep_alive:
+            self._idle_since = None
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= self.config.idle_grace and not self.finished:
+            logger.info(
+                "Fleet idle for %.1fs: queue, retries, leases and seeds are empty",
+                now - self._idle_since,
+                extra={"spider": self.spider},
+            )
+            self.finished = True

@@ -1,0 +1,79 @@
+"""The frontier's Lua scripts, one file per script or per phase of the step.
+
+A script opens with a header comment that lists its ``KEYS[n] name`` lines;
+the loader reads the key order from there, gives the script a ``K`` table of
+those names (``K.inflight`` rather than ``KEYS[2]``), and replaces each
+``--@include path`` line with that file of this folder (once per script), so
+a tick is still one EVALSHA. Scripts of other capabilities (the monitor's
+heartbeat) load from their own folder and include from this one. :class:`LuaScript.keys_from` turns a key builder into the KEYS list.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["FOLDER", "LuaScript", "load", "used_keys"]
+
+#: Where the frontier's scripts live.
+FOLDER = Path(__file__).parent
+
+_INCLUDE = re.compile(r"^--@include (\S+)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"\A--\[\[(.*?)\]\]", re.DOTALL)
+_KEY = re.compile(r"^\s*KEYS\[(\d+)\]\s+(\w+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    """A script with its includes resolved and the names of its KEYS, in order."""
+
+    name: str
+    source: str
+    keys: tuple[str, ...]
+
+    def keys_from(self, builder: Any) -> list[str]:
+        """The KEYS argument: the attribute of *builder* named after each key."""
+        return [getattr(builder, name) for name in self.keys]
+
+
+def _expand(path: Path, seen: set[Path]) -> str:
+    def include(match: re.Match[str]) -> str:
+        target = (FOLDER / match[1]).resolve()
+        if target in seen:
+            return f"-- (already included: {match[1]})"
+        seen.add(target)
+        return _expand(target, seen)
+
+    return _INCLUDE.sub(include, path.read_text())
+
+
+def _key_names(name: str, source: str) -> tuple[str, ...]:
+    header = _HEADER.match(source)
+    if header is None:
+        raise ValueError(f"{name}: a script opens with a --[[ header ]] comment")
+    found = [(int(n), key) for n, key in _KEY.findall(header[1])]
+    if [n for n, _ in found] != list(range(1, len(found) + 1)):
+        raise ValueError(f"{name}: KEYS in the header must be numbered 1..n in order")
+    return tuple(key for _, key in found)
+
+
+@cache
+def load(name: str, folder: Path = FOLDER) -> LuaScript:
+    """The script ``<folder>/<name>.lua``, ready for ``register_script``."""
+    path = folder / f"{name}.lua"
+    text = path.read_text()
+    keys = _key_names(name, text)
+    body = _expand(path, {path.resolve()})
+    table = ", ".join(f"{key} = KEYS[{n}]" for n, key in enumerate(keys, 1))
+    return LuaScript(name, f"local K = {{{table}}}\n{body}", keys)
+
+
+def used_keys(script: LuaScript) -> Sequence[str]:
+    """Names the script reads from its K table (for the tests that check the headers)."""
+    return sorted(set(re.findall(r"\bK\.(\w+)", script.source)))

@@ -1,0 +1,44 @@
+--[[
+  Leases that end without an acknowledgement: a node died, or gave them back.
+
+  In-flight members (K.inflight, scored by deadline) are
+    "<node>\nR<site>\n<payload>"   a leased request of <site>
+    "<node>\nS<raw>"                a leased seed, as pushed to <spider>:start_urls
+
+  Needs KEYS: active, start_urls, and those of lib/site_queues.lua (included before this).
+]]
+-- In-flight members leave: count them off their sites' active leases.
+local function release_active(members)
+    local per_site = {}
+    for _, m in ipairs(members) do
+        local nl = string.find(m, '\n', 1, true)
+        if string.sub(m, nl + 1, nl + 1) == 'R' then
+            local site = split_site(string.sub(m, nl + 2))
+            per_site[site] = (per_site[site] or 0) + 1
+        end
+    end
+    for site, n in pairs(per_site) do
+        if redis.call('HINCRBY', K.active, site, -n) < 0 then
+            redis.call('HSET', K.active, site, 0)
+        end
+    end
+end
+
+-- Expired or released in-flight members go back where they came from; returns how many.
+local function requeue(members)
+    release_active(members)
+    local requests, seeds = {}, {}
+    for _, m in ipairs(members) do
+        local nl = string.find(m, '\n', 1, true)
+        local kind, body = string.sub(m, nl + 1, nl + 1), string.sub(m, nl + 2)
+        if kind == 'S' then
+            seeds[#seeds + 1] = body
+        else
+            local site, payload = split_site(body)
+            requests[#requests + 1] = {site, payload}
+        end
+    end
+    push_payloads(requests)
+    if #seeds > 0 then chunked('RPUSH', K.start_urls, seeds) end
+    return #requests + #seeds
+end

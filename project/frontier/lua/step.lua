@@ -1,0 +1,90 @@
+--[[
+  One tick of a node's frontier, as one atomic round trip: enqueue what the
+  node discovered, settle what it finished, extend what it still holds, pause
+  sites that asked for it, record latencies, reap and promote (maintenance),
+  wake throttled sites, lease the next batch within every site's limits, and
+  take a few seeds. Each phase is its own file under step/.
+
+  Input:
+    KEYS[1]  queue       ready sites, scored by their best request (SCHEDULER_QUEUE_KEY)
+    KEYS[2]  inflight    leases, scored by deadline (lib/leases.lua has the members)
+    KEYS[3]  delayed     retries "<site>\n<payload>", scored by when they are due
+    KEYS[4]  dupefilter  the seen-set: raw request fingerprints (SCHEDULER_DUPEFILTER_KEY)
+    KEYS[5]  seq         arrival counter, for first-in first-out within a priority
+    KEYS[6]  start_urls  seeds pushed with `redis-cli lpush` (REDIS_START_URLS_KEY)
+    KEYS[7]  dead        dead letters, JSON records, newest first
+    KEYS[8]  throttled   sites that must wait, scored by when they may go again
+    KEYS[9]  limits      site -> "rate concurrency", fleet-wide caps of single sites
+    KEYS[10] rates       site -> adaptive rate (FLEET_AUTOTHROTTLE_ENABLED)
+    KEYS[11] buckets     site -> "tokens last_ms" of its token bucket
+    KEYS[12] active      site -> leases in flight
+    KEYS[13] leases      site -> leases ever granted (achieved rates in status)
+    KEYS[14] lat_sum     site -> latency seconds since the last adaptation
+    KEYS[15] lat_n       site -> latency samples since the last adaptation
+    KEYS[16] queued      requests queued over all sites
+
+    ARGV[1]  options, one JSON object:
+               node       this node's id (no newline)
+               lease_ms   how long a lease lasts without a heartbeat
+               want       requests to lease; seed_want: seeds to take
+               maintain   true: run phase 6 and return the counts
+               limits     {rate, concurrency, burst_seconds, adaptive,
+                           target_concurrency, min_rate, start_rate}: the defaults for
+                           every site without an entry in `limits`
+               counts     {enqueue, ack, retry, dead, heartbeat, pause, latency}: entries
+                           in each ARGV section
+    ARGV[2..] the sections, in the order of `counts`; each phase file describes its own
+
+  Output: {added, duplicates, leased {site, payload, score, ...}, seeds {raw, ...},
+           reaped, promoted, counts {queued, delayed, inflight, seeds} or {} when not maintain,
+           milliseconds until the next throttled site may go, or false}
+]]
+--@include lib/time.lua
+--@include lib/chunked.lua
+--@include lib/site_queues.lua
+--@include lib/leases.lua
+--@include step/enqueue.lua
+--@include step/settle.lua
+--@include step/heartbeat.lua
+--@include step/pause.lua
+--@include step/latency.lua
+--@include step/maintain.lua
+--@include step/wake.lua
+--@include step/lease.lua
+--@include step/seeds.lua
+
+local opt = cjson.decode(ARGV[1])
+local n, limits = opt.counts, opt.limits
+local now = now_ms()
+local deadline = now + opt.lease_ms
+local at = 2
+
+local added, dupes = enqueue(at, n.enqueue)
+at = at + n.enqueue * ENQUEUE_WIDTH
+settle(at, n.ack, n.retry, n.dead, now)
+at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
+heartbeat(at, n.heartbeat, deadline)
+at = at + n.heartbeat * HEARTBEAT_WIDTH
+pause(at, n.pause, now, limits)
+at = at + n.pause * PAUSE_WIDTH
+latency(at, n.latency)
+
+local reaped, promoted = 0, 0
+if opt.maintain then reaped, promoted = maintain(now, limits) end
+local first, woke = wake(now)
+local leased, parked = lease(opt.want, now, deadline, opt.node, limits)
+local seeds = take_seeds(opt.seed_want, deadline, opt.node)
+
+local counts = {}
+if opt.maintain then
+    counts = {tonumber(redis.call('GET', K.queued) or 0), redis.call('ZCARD', K.delayed),
+              redis.call('ZCARD', K.inflight), redis.call('LLEN', K.start_urls)}
+end
+-- when the next throttled site may go, so an idle node need not poll blindly
+local next_wake = first
+if n.pause > 0 or woke or parked then
+    next_wake = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
+end
+local wait_ms = false
+if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
+return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms}

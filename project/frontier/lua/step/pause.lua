@@ -1,0 +1,22 @@
+--[[
+  Phase 4, pauses: a site answered 429 or 503 with Retry-After, so the whole
+  fleet holds off it until then; with adaptive throttling its rate halves.
+
+  Keys: queue, throttled, rates.
+  ARGV section, PAUSE_WIDTH values each: site, pause_ms
+  Options used: limits.adaptive, limits.min_rate, limits.start_rate
+  Returns: nothing
+]]
+local PAUSE_WIDTH = 2
+
+local function pause(at, count, now, limits)
+    for e = 0, count - 1 do
+        local site, until_ms = ARGV[at + e * PAUSE_WIDTH], now + tonumber(ARGV[at + e * PAUSE_WIDTH + 1])
+        redis.call('ZREM', K.queue, site)
+        redis.call('ZADD', K.throttled, 'GT', until_ms, site)
+        if limits.adaptive then
+            local rate = tonumber(redis.call('HGET', K.rates, site) or limits.start_rate)
+            redis.call('HSET', K.rates, site, math.max(limits.min_rate, rate / 2))
+        end
+    end
+end

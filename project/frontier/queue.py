@@ -1,0 +1,192 @@
+"""The leased request queue: scrapy-redis' queue keys, driven by the Lua scripts in lua/."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy_redis.queue import Base
+
+from project.frontier import lua
+from project.frontier.wire import decode_request, encode_request
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from scrapy import Request, Spider
+
+    from project.frontier.config import SiteLimits
+    from project.frontier.keys import FrontierKeys
+
+__all__ = ["Leased", "LeasedQueue", "StepBatch", "StepResult"]
+
+
+@dataclass
+class StepBatch:
+    """Everything one round trip sends (the ARGV sections of lua/step.lua)."""
+
+    #: (mode + fingerprint, site, priority, payload)
+    enqueue: list[tuple[bytes, str, int, bytes]] = field(default_factory=list)
+    acks: list[bytes] = field(default_factory=list)
+    #: (member, delay in ms, site, payload)
+    retries: list[tuple[bytes, int, str, bytes]] = field(default_factory=list)
+    #: (member, dead-letter record)
+    dead: list[tuple[bytes, bytes]] = field(default_factory=list)
+    heartbeat: list[bytes] = field(default_factory=list)
+    #: (site, pause in ms)
+    pauses: list[tuple[str, int]] = field(default_factory=list)
+    #: (site, seconds summed, samples)
+    latency: list[tuple[str, float, int]] = field(default_factory=list)
+    want: int = 0
+    seed_want: int = 0
+    maintain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A request leased to this node: its site, payload and queue score."""
+
+    site: str
+    payload: bytes
+    score: float
+
+
+@dataclass
+class StepResult:
+    """What one round trip returned."""
+
+    added: int
+    duplicates: int
+    leased: list[Leased]
+    seeds: list[bytes]
+    reaped: int
+    promoted: int
+    counts: tuple[int, int, int, int] | None  # queued, delayed, inflight, seeds
+    #: Milliseconds until the next throttled site may go, by Redis' clock.
+    next_wake_ms: int | None
+
+
+class LeasedQueue(Base):  # type: ignore[misc]
+    """scrapy-redis queue whose pops are leases, with JSON on the wire.
+
+    Requests wait in per-site sorted sets indexed by ``<spider>:requests``,
+    scored by priority and then arrival order. Taking one moves it to
+    ``<spider>:inflight`` under a deadline and the node's id; it leaves only
+    when acknowledged, retried (``<spider>:delayed``) or dead-lettered
+    (``<spider>:dead``), or when its lease expires and any node puts it back.
+    """
+
+    def __init__(
+        self,
+        server: Redis,
+        spider: Spider,
+        keys: FrontierKeys,
+        node_id: str,
+        lease_ms: int,
+        limits: SiteLimits,
+    ) -> None:
+        self.server = server
+        self.spider = spider
+        self.key = keys.queue
+        self.keys = keys
+        self.node_id = node_id
+        self.lease_ms = lease_ms
+        self.limits = limits
+        self.member_prefix = node_id.encode() + b"\n"
+        self._scripts = {name: lua.load(name) for name in ("step", "release")}
+        self._step = server.register_script(self._scripts["step"].source)
+        self._release = server.register_script(self._scripts["release"].source)
+
+    def _encode_request(self, request: Request, **extra: Any) -> bytes:
+        return encode_request(request, self.spider, **extra)
+
+    def _decode_request(self, encoded_request: bytes) -> Request:
+        return decode_request(encoded_request, self.spider)[0]
+
+    def _options(self, batch: StepBatch) -> bytes:
+        lim = self.limits
+        options = {
+            "node": self.node_id,
+            "lease_ms": self.lease_ms,
+            "want": batch.want,
+            "seed_want": batch.seed_want,
+            "maintain": batch.maintain,
+            "limits": {
+                "rate": lim.rate,
+                "concurrency": lim.concurrency,
+                "burst_seconds": lim.burst_seconds,
+                "adaptive": lim.adaptive,
+                "target_concurrency": lim.target_concurrency,
+                "min_rate": lim.min_rate,
+                "start_rate": lim.start_rate,
+            },
+            "counts": {
+                "enqueue": len(batch.enqueue),
+                "ack": len(batch.acks),
+                "retry": len(batch.retries),
+                "dead": len(batch.dead),
+                "heartbeat": len(batch.heartbeat),
+                "pause": len(batch.pauses),
+                "latency": len(batch.latency),
+            },
+        }
+        return json.dumps(options, separators=(",", ":")).encode()
+
+    async def step(self, batch: StepBatch) -> StepResult:
+        """Run one atomic frontier step (lua/step.lua): enqueue, settle, heartbeat, lease."""
+        argv: list[Any] = [self._options(batch)]
+        for entry in batch.enqueue:
+            argv += entry
+        argv += batch.acks
+        for retry in batch.retries:
+            argv += retry
+        for dead in batch.dead:
+            argv += dead
+        argv += batch.heartbeat
+        for pause in batch.pauses:
+            argv += pause
+        for sample in batch.latency:
+            argv += sample
+        keys = self._scripts["step"].keys_from(self.keys)
+        added, dupes, leased, seeds, reaped, promoted, counts, wake = await self._step(
+            keys=keys, args=argv
+        )
+        return StepResult(
+            added=int(added),
+            duplicates=int(dupes),
+            leased=[
+                Leased(leased[j].decode(), leased[j + 1], float(leased[j + 2]))
+                for j in range(0, len(leased), 3)
+            ],
+            seeds=list(seeds),
+            reaped=int(reaped),
+            promoted=int(promoted),
+            counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]))
+            if counts
+            else None,
+            next_wake_ms=None if wake is None else int(wake),
+        )
+
+    async def release(self, members: list[bytes]) -> int:
+        """Give leases back to the queue at once (clean shutdown)."""
+        if not members:
+            return 0
+        keys = self._scripts["release"].keys_from(self.keys)
+        return int(await self._release(keys=keys, args=members))
+
+    def request_member(self, site: str, payload: bytes) -> bytes:
+        """The in-flight member under which this node holds *payload* of *site*."""
+        return self.member_prefix + b"R" + site.encode() + b"\n" + payload
+
+    def seed_member(self, raw: bytes) -> bytes:
+        """The in-flight member under which this node holds the raw seed *raw*."""
+        return self.member_prefix + b"S" + raw
+
+    def __len__(self) -> int:
+        raise TypeError("LeasedQueue has no cheap length: see project.monitoring.status")
+
+    def push(self, request: Request) -> None:
+        raise TypeError("LeasedQueue batches pushes: use FleetScheduler.enqueue_request()")
+
+    def pop(self, timeout: int = 0) -> None:
+        raise TypeError("LeasedQueue leases instead of popping: use FleetScheduler")

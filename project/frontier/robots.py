@@ -1,0 +1,205 @@
+"""robots.txt fetched once per site for the whole fleet, cached in Redis.
+
+Scrapy's own ``RobotsTxtMiddleware`` decides what is allowed. It downloads a
+site's ``/robots.txt`` through the downloader middlewares, where
+:class:`RobotsCacheMiddleware` answers from ``<prefix>:robots`` when a fresh copy
+is there; otherwise one node per fleet (the holder of a redis-py ``Lock``)
+downloads it and stores what came back, while the others wait for that copy.
+A ``Crawl-delay``, read when Scrapy sends ``robots_parsed``, caps the site's
+fleet-wide rate in ``<prefix>:limits``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio
+from redis.exceptions import LockError, RedisError
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.http import Response
+from scrapy.utils.httpobj import urlparse_cached
+
+from project.config import read_settings, setting
+from project.frontier.config import FrontierConfig
+from project.frontier.keys import FrontierKeys
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from redis.asyncio.lock import Lock
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.robotstxt import RobotParser
+    from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+
+__all__ = ["RobotsCacheMiddleware", "RobotsConfig"]
+
+logger = logging.getLogger(__name__)
+
+#: Flag of a robots.txt response that came from the fleet's cache.
+CACHED_FLAG = "fleet-robots-cache"
+_LOCK_META_KEY = "_fleet_robots_lock"
+
+
+@dataclass(frozen=True)
+class RobotsConfig:
+    """How long a robots.txt copy serves the fleet, and how long one node may fetch it."""
+
+    max_age: float = setting("ROBOTSTXT_CACHE_SECONDS", 86400.0)
+    lock_seconds: float = setting("ROBOTSTXT_LOCK_SECONDS", 30.0)
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        return cls(**read_settings(cls, settings))
+
+
+def _is_robots_fetch(request: Request) -> bool:
+    # What RobotsTxtMiddleware downloads: /robots.txt, marked not to obey itself.
+    return bool(request.meta.get("dont_obey_robotstxt")) and (
+        urlparse_cached(request).path == "/robots.txt"
+    )
+
+
+class RobotsCacheMiddleware:
+    """Downloader middleware: robots.txt from the fleet's Redis cache, fetched once per fleet."""
+
+    def __init__(
+        self, crawler: Crawler, config: RobotsConfig, redis_url: str, user_agent: str
+    ) -> None:
+        assert crawler.stats is not None
+        self.crawler = crawler
+        self.config = config
+        self.redis_url = redis_url
+        self.user_agent = user_agent
+        self.stats: StatsCollector = crawler.stats
+        self._server: redis.asyncio.Redis | None = None
+        self._keys: FrontierKeys | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = crawler.settings
+        if not settings.getbool("ROBOTSTXT_OBEY"):
+            raise NotConfigured("ROBOTSTXT_OBEY is off")
+        middleware = cls(
+            crawler,
+            RobotsConfig.from_settings(settings),
+            FrontierConfig.from_settings(settings).redis_url,
+            settings.get("ROBOTSTXT_USER_AGENT") or settings.get("USER_AGENT"),
+        )
+        crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(middleware.robots_parsed, signal=signals.robots_parsed)
+        return middleware
+
+    def spider_opened(self, spider: Spider) -> None:
+        self._server = redis.asyncio.from_url(self.redis_url)
+        self._keys = FrontierKeys.from_settings(self.crawler.settings, spider.name)
+
+    async def spider_closed(self, spider: Spider) -> None:
+        if self._server is not None:
+            await self._server.aclose()
+
+    async def process_request(self, request: Request) -> Response | None:
+        """A cached copy, or None after taking the fleet's fetch lock (or giving up on it)."""
+        if not _is_robots_fetch(request) or self._server is None or _LOCK_META_KEY in request.meta:
+            return None
+        netloc = urlparse_cached(request).netloc
+        try:
+            cached = await self._cached(request, netloc)
+            if cached is not None:
+                return cached
+            assert self._keys is not None
+            lock = self._server.lock(
+                self._keys.robots_lock(netloc),
+                timeout=self.config.lock_seconds,
+                blocking_timeout=self.config.lock_seconds,
+            )
+            # Whoever holds the lock is downloading it: wait, then use their copy.
+            if await lock.acquire():
+                cached = await self._cached(request, netloc)
+                if cached is not None:
+                    await _release(lock)
+                    return cached
+                request.meta[_LOCK_META_KEY] = lock
+            # else the holder died or is slow: fetch it ourselves
+        except RedisError as exc:
+            logger.warning("robots.txt cache unreachable (%s); fetching %s locally", exc, netloc)
+        return None
+
+    async def process_response(self, request: Request, response: Response) -> Response:
+        """Store a fetched robots.txt for the fleet and release the lock."""
+        if not _is_robots_fetch(request) or CACHED_FLAG in response.flags:
+            return response
+        lock = request.meta.pop(_LOCK_META_KEY, None)
+        if self._server is not None and self._keys is not None:
+            entry = {
+                "time": time.time(),
+                "status": response.status,
+                "body": response.body.decode("utf-8", "replace"),
+            }
+            try:
+                await self._server.hset(
+                    self._keys.robots, urlparse_cached(request).netloc, json.dumps(entry)
+                )
+            except RedisError as exc:
+                logger.warning("Cannot share robots.txt of %s (%s)", request.url, exc)
+        if lock is not None:
+            await _release(lock)
+        return response
+
+    async def process_exception(self, request: Request, exception: Exception) -> None:
+        """The fetch failed: let another node try."""
+        lock = request.meta.pop(_LOCK_META_KEY, None)
+        if lock is not None:
+            await _release(lock)
+
+    async def _cached(self, request: Request, netloc: str) -> Response | None:
+        assert self._server is not None
+        assert self._keys is not None
+        raw: Any = await self._server.hget(self._keys.robots, netloc)
+        if raw is None:
+            return None
+        try:
+            entry = json.loads(raw)
+            fresh = time.time() - float(entry["time"]) < self.config.max_age
+            status, body = int(entry.get("status", 200)), str(entry["body"]).encode("utf-8")
+        except (ValueError, KeyError, TypeError):
+            return None  # an unreadable entry is fetched again and replaced
+        if not fresh:
+            return None
+        self.stats.inc_value("robotstxt/shared_hits")
+        return Response(request.url, status=status, body=body, flags=[CACHED_FLAG], request=request)
+
+    async def robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
+        """Crawl-delay caps the site's fleet-wide rate at one request per delay."""
+        delay = robotparser.crawl_delay(self.user_agent)
+        if not delay or self._server is None or self._keys is None:
+            return
+        site = urlparse_cached(request).netloc.lower()
+        rate = 1.0 / float(delay)
+        try:
+            current: Any = await self._server.hget(self._keys.limits, site)
+            cap, concurrency = current.decode().split() if current else ("0", "0")
+            if float(cap) <= 0 or rate < float(cap):
+                await self._server.hset(self._keys.limits, site, f"{rate} {concurrency}")
+                logger.info(
+                    "Crawl-delay %ss of %s: fleet-wide rate capped at %.2f requests/s",
+                    delay,
+                    site,
+                    rate,
+                )
+        except RedisError as exc:
+            logger.warning("Cannot apply Crawl-delay of %s (%s)", site, exc)
+
+
+async def _release(lock: Lock) -> None:
+    # Expired meanwhile, or Redis away: the lock times out by itself.
+    with contextlib.suppress(LockError, RedisError):
+        await lock.release()

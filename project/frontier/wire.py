@@ -1,0 +1,240 @@
+"""JSON wire format for requests in the shared frontier.
+
+Requests travel through Redis as JSON, never pickle: whoever can write to
+Redis must not be able to run code on every node. Callbacks and errbacks
+travel by name, request classes only from an allow-list, and ``meta`` /
+``cb_kwargs`` must be JSON-safe; anything else fails loudly at enqueue time,
+naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request
+from scrapy.http import FormRequest, JsonRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from scrapy import Spider
+
+__all__ = [
+    "NODE_LOCAL_META",
+    "UnserializableRequestError",
+    "decode_request",
+    "encode_request",
+]
+
+#: Meta keys that only make sense inside one process and are not sent.
+NODE_LOCAL_META = frozenset(
+    {
+        "download_slot",
+        "download_latency",
+        "download_timeout",
+        "_frontier_outcome",
+        "_frontier_lease",
+    }
+)
+
+_ALLOWED_CLASSES: dict[str, type[Request]] = {
+    cls.__module__ + "." + cls.__name__: cls for cls in (Request, FormRequest, JsonRequest)
+}
+
+# Extension point for meta values that are not plain JSON (the Playwright
+# integration registers PageMethod here): type -> (tag, to_json, from_json).
+_CODECS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {}
+
+
+# Meta keys that make a node import, call or write something: whoever can
+# write to Redis must not reach them (scrapy-playwright imports a string
+# page_init_callback; context kwargs can name files to read or write).
+_UNSAFE_META = frozenset(
+    {"playwright_page_init_callback", "playwright_page_event_handlers", "playwright_page"}
+)
+_UNSAFE_CONTEXT_KWARGS = frozenset(
+    {"storage_state", "record_har_path", "record_video_dir", "user_data_dir", "downloads_path"}
+)
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    unsafe = sorted(_UNSAFE_META & set(meta))
+    context = meta.get("playwright_context_kwargs")
+    if isinstance(context, dict):
+        unsafe += [
+            f"playwright_context_kwargs[{key!r}]"
+            for key in sorted(_UNSAFE_CONTEXT_KWARGS & set(context))
+        ]
+    if unsafe:
+        raise UnserializableRequestError(
+            f"meta {', '.join(unsafe)} cannot travel through the frontier (it would let"
+            " a Redis writer run code or touch files on every node)"
+        )
+
+
+class UnserializableRequestError(ValueError):
+    """A request cannot be written to the shared frontier."""
+
+
+def register_codec(
+    cls: type, tag: str, to_json: Callable[[Any], Any], from_json: Callable[[Any], Any]
+) -> None:
+    """Allow values of *cls* in meta/cb_kwargs, stored as ``{"__tag__": to_json(v)}``."""
+    _CODECS[cls] = (tag, to_json, from_json)
+
+
+def allow_request_class(cls: type[Request]) -> None:
+    """Allow a Request subclass to travel through the frontier."""
+    _ALLOWED_CLASSES[cls.__module__ + "." + cls.__name__] = cls
+
+
+def _method_name(spider: Spider, func: Any, field: str, request: Request) -> str | None:
+    if func is None or isinstance(func, str):
+        return func
+    if getattr(func, "__self__", None) is spider:
+        return str(func.__name__)
+    raise UnserializableRequestError(
+        f"{request!r}: {field} {func!r} is not a method of spider {spider.name!r}"
+    )
+
+
+def _default(value: Any) -> Any:
+    codec = _CODECS.get(type(value))
+    if codec is None:
+        raise TypeError(type(value).__name__)
+    tag, to_json, _ = codec
+    return {f"__{tag}__": to_json(value)}
+
+
+def _find_unserializable(value: Any, path: str) -> str:
+    """Return the path and type of the first value json cannot encode."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} key {key!r} ({type(key).__name__})"
+            found = _find_unserializable(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return ""
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_unserializable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return ""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return ""
+    if type(value) in _CODECS:
+        return ""
+    return f"{path} ({type(value).__name__})"
+
+
+def _object_hook(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1:
+        (key,) = obj
+        if key.startswith("__") and key.endswith("__"):
+            tag = key[2:-2]
+            for codec_tag, _, from_json in _CODECS.values():
+                if codec_tag == tag:
+                    return from_json(obj[key])
+    return obj
+
+
+def _headers_to_json(headers: Iterable[tuple[bytes, list[bytes]]]) -> dict[str, list[str]]:
+    return {
+        key.decode("latin-1"): [value.decode("latin-1") for value in values]
+        for key, values in headers
+    }
+
+
+def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
+    """Serialize *request* to compact JSON bytes; defaults are left out.
+
+    *extra* adds frontier bookkeeping fields (``id``, ``attempts``).
+    """
+    data: dict[str, Any] = {"url": request.url}
+    callback = _method_name(spider, request.callback, "callback", request)
+    if callback is not None and callback != "parse":
+        data["callback"] = callback
+    errback = _method_name(spider, request.errback, "errback", request)
+    if errback is not None:
+        data["errback"] = errback
+    if request.method != "GET":
+        data["method"] = request.method
+    if request.headers:
+        data["headers"] = _headers_to_json(request.headers.items())
+    if request.body:
+        try:
+            data["body"] = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            data["body_b64"] = base64.b64encode(request.body).decode("ascii")
+    if request.cookies:
+        data["cookies"] = request.cookies
+    meta = {k: v for k, v in request.meta.items() if k not in NODE_LOCAL_META}
+    if meta:
+        _check_meta(meta)
+        data["meta"] = meta
+    if request.encoding != "utf-8":
+        data["encoding"] = request.encoding
+    if request.priority:
+        data["priority"] = request.priority
+    if request.dont_filter:
+        data["dont_filter"] = True
+    if request.flags:
+        data["flags"] = request.flags
+    if request.cb_kwargs:
+        data["cb_kwargs"] = request.cb_kwargs
+    cls_path = type(request).__module__ + "." + type(request).__name__
+    if type(request) is not Request:
+        if cls_path not in _ALLOWED_CLASSES:
+            raise UnserializableRequestError(
+                f"{request!r}: request class {cls_path} is not allowed on the wire"
+                " (see project.frontier.wire.allow_request_class)"
+            )
+        data["class"] = cls_path
+    data.update(extra)
+    try:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=_default).encode(
+            "utf-8"
+        )
+    except (TypeError, ValueError) as exc:
+        where = _find_unserializable(data, "request") or str(exc)
+        raise UnserializableRequestError(
+            f"{request!r} cannot be sent through the frontier: {where} is not JSON-serializable"
+        ) from exc
+
+
+def decode_request(payload: bytes | str, spider: Spider) -> tuple[Request, dict[str, Any]]:
+    """Rebuild a request from :func:`encode_request` output.
+
+    Returns the request and the whole decoded document (for bookkeeping fields).
+    """
+    data: dict[str, Any] = json.loads(payload, object_hook=_object_hook)
+    cls = _ALLOWED_CLASSES.get(data.get("class", ""), Request)
+    if "class" in data and data["class"] not in _ALLOWED_CLASSES:
+        raise UnserializableRequestError(f"request class {data['class']!r} is not allowed")
+    if isinstance(data.get("meta"), dict):
+        _check_meta(data["meta"])
+    body: bytes | str = data.get("body", b"")
+    if "body_b64" in data:
+        body = base64.b64decode(data["body_b64"])
+    callback = data.get("callback")
+    errback = data.get("errback")
+    request = cls(
+        url=data["url"],
+        callback=getattr(spider, callback) if callback else None,
+        errback=getattr(spider, errback) if errback else None,
+        method=data.get("method", "GET"),
+        headers=data.get("headers"),
+        body=body,
+        cookies=data.get("cookies"),
+        meta=data.get("meta"),
+        encoding=data.get("encoding", "utf-8"),
+        priority=data.get("priority", 0),
+        dont_filter=data.get("dont_filter", False),
+        flags=data.get("flags"),
+        cb_kwargs=data.get("cb_kwargs"),
+    )
+    return request, data

@@ -1,0 +1,211 @@
+"""The fleet's status in the terminal: ``fleetcrawl status`` prints it once, ``--watch`` live."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from project.monitoring.status import StatusReader
+
+__all__ = [
+    "NODE_COLUMNS",
+    "SITE_COLUMNS",
+    "human_bytes",
+    "human_duration",
+    "node_rows",
+    "render",
+    "watch",
+]
+
+NODE_COLUMNS = (
+    "node",
+    "state",
+    "pages/min",
+    "items/min",
+    "pages",
+    "in flight",
+    "memory",
+    "errors",
+    "retries",
+    "last seen",
+)
+
+
+SITE_COLUMNS = ("site", "state", "allowed", "achieved", "queued", "in flight")
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float | None) -> str:
+    """95 -> '1m 35s'; None -> 'unknown'."""
+    if seconds is None:
+        return "unknown"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def node_rows(status: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row of :data:`NODE_COLUMNS` per node, as text."""
+    rows: list[tuple[str, ...]] = []
+    for node in status["nodes"]:
+        state = node["state"]
+        if state == "finished" and node["finish_reason"]:
+            state = f"finished ({node['finish_reason']})"
+        memory = node["rss_bytes"] + node["children_rss_bytes"]
+        rows.append(
+            (
+                str(node["id"]),
+                str(state),
+                f"{node['pages_per_min']:.0f}",
+                f"{node['items_per_min']:.0f}",
+                str(node["pages"]),
+                str(node["in_flight"]),
+                human_bytes(memory),
+                str(node["errors"] + node["download_errors"]),
+                str(node["retries"]),
+                f"{human_duration(node['age_seconds'])} ago",
+            )
+        )
+    return rows
+
+
+def _pairs(title: str, pairs: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left", expand=True)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for name, value in pairs:
+        table.add_row(name, value)
+    return table
+
+
+def _sites(sites: list[dict[str, Any]]) -> Table:
+    table = Table(title="Sites", title_justify="left", expand=True)
+    for name in SITE_COLUMNS:
+        table.add_column(name, justify="left" if name in ("site", "state") else "right")
+    for site in sites:
+        allowed = f"{site['allowed_rate']:g}/s" if site["allowed_rate"] > 0 else "unlimited"
+        achieved = site.get("achieved_rate")
+        table.add_row(
+            site["site"],
+            site["state"],
+            allowed,
+            "-" if achieved is None else f"{achieved:.1f}/s",
+            str(site["queued"]),
+            str(site["in_flight"]),
+        )
+    return table
+
+
+def render(status: dict[str, Any]) -> RenderableType:
+    """Everything ``status`` and ``status --watch`` show for one ``fleet_status()`` result."""
+    progress, fleet, mongo = status["progress"], status["fleet"], status.get("mongo", {})
+    bands = ", ".join(f"p{p}: {n}" for p, n in status["queued_by_priority"].items())
+    by_node = ", ".join(f"{n}: {c}" for n, c in status["in_flight_by_node"].items())
+    backlog = status["journal_backlog"]
+    drain = progress["drain_per_s"]
+    trend = ""
+    if drain is not None:
+        trend = f"  draining {drain:.1f}/s" if drain > 0 else f"  growing {-drain:.1f}/s"
+    header = Text.assemble(
+        ("fleetcrawl ", "bold"),
+        f"{status['spider']}  {time.strftime('%H:%M:%S', time.localtime(status['time']))}  ",
+        f"{fleet['nodes_alive']} alive, {fleet['nodes_dead']} dead,"
+        f" {fleet['nodes_finished']} finished nodes",
+    )
+    bar = ProgressBar(total=max(progress["total"], 1), completed=progress["done"], width=50)
+    eta = Text(
+        f" {progress['done']}/{progress['total']} pages ({progress['fraction']:.0%})"
+        f"  ETA {human_duration(progress['eta_seconds'])}" + trend
+    )
+    frontier = _pairs(
+        "Frontier",
+        [
+            ("queued", f"{status['queued']}" + (f" ({bands})" if bands else "")),
+            ("delayed retries", str(status["delayed_retries"])),
+            ("in flight", f"{status['in_flight']}" + (f" ({by_node})" if by_node else "")),
+            ("seeds waiting", str(status["seeds_waiting"])),
+            ("seen", f"{status['seen']} URLs ({human_bytes(status['seen_bytes'])})"),
+            ("dead letters", str(status["dead_letters"])),
+        ],
+    )
+    if "error" in mongo:
+        stored = [("mongodb", str(mongo["error"]))]
+    else:
+        stored = [(f"mongodb {name}", str(mongo.get(name, "n/a"))) for name in mongo]
+    results = _pairs(
+        "Results and rates",
+        [
+            *stored,
+            ("seeds rejected", str(fleet["seeds_rejected"])),
+            ("journal backlog", "n/a" if backlog is None else str(backlog)),
+            ("pages/min", f"{fleet['pages_per_min']:.0f}"),
+            ("items/min", f"{fleet['items_per_min']:.0f}"),
+            (
+                "errors / retries",
+                f"{fleet['errors'] + fleet['download_errors']} / {fleet['retries']}",
+            ),
+        ],
+    )
+    columns = Table.grid(expand=True, padding=(0, 2))
+    columns.add_column(ratio=1)
+    columns.add_column(ratio=1)
+    columns.add_row(frontier, results)
+    nodes = Table(title="Nodes", title_justify="left", expand=True)
+    for name in NODE_COLUMNS:
+        nodes.add_column(name, justify="left" if name in ("node", "state") else "right")
+    for row in node_rows(status):
+        nodes.add_row(*row, style="bold" if row[1] == "dead" else None)
+    parts: list[RenderableType] = [header, Group(bar, eta), columns]
+    if status["sites"]:
+        parts.append(_sites(status["sites"]))
+    parts.append(nodes)
+    if status["failures"] or fleet["retry_reasons"]:
+        failures = Table(title="Failures", title_justify="left", expand=True)
+        failures.add_column("count", justify="right")
+        failures.add_column("what")
+        failures.add_column("last URL", overflow="fold")
+        for group in status["failures"][:5]:
+            failures.add_row(str(group["count"]), f"dead: {group['error']}", group["last_url"])
+        for reason, count in sorted(fleet["retry_reasons"].items(), key=lambda kv: -kv[1])[:5]:
+            failures.add_row(str(count), f"retried: {reason}", "")
+        parts.append(failures)
+    return Group(*parts)
+
+
+def watch(reader: StatusReader, interval: float = 2.0, console: Console | None = None) -> int:
+    """Redraw the status every *interval* seconds until Ctrl-C."""
+    console = console or Console()
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        try:
+            while True:
+                try:
+                    view = render(reader.read())
+                except RedisError as exc:
+                    view = Text(f"Redis unreachable: {exc}; retrying every {interval:g}s")
+                live.update(view, refresh=True)
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            reader.close()

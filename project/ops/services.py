@@ -1,0 +1,883 @@
+"""Local Redis and MongoDB-compatible (FerretDB) servers that the project starts itself.
+
+Backs ``fleetcrawl services start|stop|status`` and the test fixtures. Every
+file lives under one state folder: ``<state>/redis/`` (config, AOF, log,
+pidfile) and ``<state>/ferretdb/`` (SQLite data in ``data/``, FerretDB state,
+log, pidfile). Servers listen on loopback only and run in their own session,
+so they outlive the command that started them; they are found again through
+their pidfiles, which are checked against ``/proc/<pid>/cmdline`` (Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+from urllib.parse import quote
+
+from project.utils import mask_url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+
+__all__ = [
+    "FERRETDB_VERSION",
+    "SERVICE_NAMES",
+    "ServiceError",
+    "ServiceInfo",
+    "ServiceStatus",
+    "ServicesConfig",
+    "ensure_ferretdb",
+    "ensure_redis_server",
+    "free_port",
+    "main",
+    "start_mongo",
+    "start_redis",
+    "status",
+    "stop_service",
+]
+
+logger = logging.getLogger(__name__)
+
+FERRETDB_VERSION: Final = "v1.24.2"
+SERVICE_NAMES: Final = ("redis", "mongo")
+
+_FERRETDB_MODULE: Final = "github.com/FerretDB/FerretDB"
+_EXECUTABLES: Final = {"redis": "redis-server", "mongo": "ferretdb"}
+_DIRECTORIES: Final = {"redis": "redis", "mongo": "ferretdb"}
+_INSTALL_TIMEOUT: Final = 1800.0
+_LOG_TAIL_LINES: Final = 20
+_MAX_PORT: Final = 65535
+
+_apt_updated = False
+
+
+class ServiceError(RuntimeError):
+    """A local service cannot be installed, started, reached or stopped."""
+
+
+class _NotReadyError(Exception):
+    """The service does not answer yet; the message says why."""
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    """Where and how the local services run; ``state_dir`` is made absolute."""
+
+    state_dir: Path
+    host: str = "127.0.0.1"
+    redis_port: int = 6379
+    mongo_port: int = 27017
+    redis_password: str | None = dataclasses.field(default=None, repr=False)
+    start_timeout: float = 30.0
+    stop_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().resolve())
+        host = "127.0.0.1" if self.host == "localhost" else self.host
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(f"host must be a loopback address (127.0.0.1, ::1), got {self.host!r}")
+        object.__setattr__(self, "host", host)
+        for port in (self.redis_port, self.mongo_port):
+            if not 0 < port <= _MAX_PORT:
+                raise ValueError(f"port must be in 1..65535, got {port}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServicesConfig:
+        """Build from FLEETCRAWL_STATE_DIR, FLEETCRAWL_*_PORT and REDIS_PASSWORD."""
+        env = os.environ if environ is None else environ
+        return cls(
+            state_dir=Path(env.get("FLEETCRAWL_STATE_DIR", ".state")),
+            redis_port=int(env.get("FLEETCRAWL_REDIS_PORT", "6379")),
+            mongo_port=int(env.get("FLEETCRAWL_MONGO_PORT", "27017")),
+            redis_password=env.get("REDIS_PASSWORD") or None,
+        )
+
+    @property
+    def redis_url(self) -> str:
+        """Client URL of the local Redis, with the password when one is set."""
+        auth = f":{quote(self.redis_password, safe='')}@" if self.redis_password else ""
+        return f"redis://{auth}{_netloc(self.host, self.redis_port)}/0"
+
+    @property
+    def mongo_url(self) -> str:
+        """Client URL of the local FerretDB."""
+        return f"mongodb://{_netloc(self.host, self.mongo_port)}/"
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """A running local service."""
+
+    name: str
+    pid: int
+    url: str = dataclasses.field(repr=False)
+    log_file: Path
+    data_dir: Path
+
+    def __str__(self) -> str:
+        return f"{self.name}: running pid {self.pid} at {mask_url(self.url)}"
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What ``status`` found; ``state`` is running, stopped, stale pidfile or not answering."""
+
+    name: str
+    state: str
+    pid: int | None
+    url: str = dataclasses.field(repr=False)
+    log_file: Path
+    data_dir: Path
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        """True when the process is alive and answers."""
+        return self.state == "running"
+
+    def __str__(self) -> str:
+        if self.state == "running":
+            return f"{self.name}: running pid {self.pid} at {mask_url(self.url)}"
+        if self.state == "stopped":
+            return f"{self.name}: stopped"
+        return f"{self.name}: {self.state} (pid {self.pid}): {self.detail}"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    name: str
+    executable: str
+    directory: Path
+    data_dir: Path
+    pid_file: Path
+    log_file: Path
+    port: int
+    url: str
+
+    def info(self, pid: int) -> ServiceInfo:
+        return ServiceInfo(self.name, pid, self.url, self.log_file, self.data_dir)
+
+
+def _layout(cfg: ServicesConfig, name: str) -> _Layout:
+    if name not in SERVICE_NAMES:
+        raise ValueError(f"unknown service {name!r}, expected one of {', '.join(SERVICE_NAMES)}")
+    directory = cfg.state_dir / _DIRECTORIES[name]
+    redis = name == "redis"
+    return _Layout(
+        name=name,
+        executable=_EXECUTABLES[name],
+        directory=directory,
+        data_dir=directory if redis else directory / "data",
+        pid_file=directory / f"{_DIRECTORIES[name]}.pid",
+        log_file=directory / f"{_DIRECTORIES[name]}.log",
+        port=cfg.redis_port if redis else cfg.mongo_port,
+        url=cfg.redis_url if redis else cfg.mongo_url,
+    )
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# --- installing the servers ------------------------------------------------
+
+
+def _output_tail(text: str, lines: int = 5) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(kept[-lines:]) or "(no output)"
+
+
+def _run_tool(
+    argv: Sequence[str], what: str, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    tool = f"{Path(argv[0]).name} {argv[1]}"
+    logger.info("running %s", " ".join(argv))
+    try:
+        done = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=_INSTALL_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ServiceError(f"{what}: {tool} did not finish within {_INSTALL_TIMEOUT:g}s") from exc
+    except OSError as exc:
+        raise ServiceError(f"{what}: cannot run {tool}: {exc}") from exc
+    if done.returncode != 0:
+        raise ServiceError(
+            f"{what}: {tool} exited {done.returncode}: {_output_tail(done.stderr or done.stdout)}"
+        )
+    return done.stdout
+
+
+def ensure_redis_server() -> Path:
+    """Return the path of ``redis-server``, installing Debian's package if it is missing."""
+    global _apt_updated  # `apt-get update` once per process
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    what = "cannot install redis-server"
+    apt_get = shutil.which("apt-get")
+    if apt_get is None:
+        raise ServiceError(
+            f"{what}: it is not on PATH and apt-get is not available; install Redis >= 6"
+        )
+    if os.geteuid() != 0:
+        raise ServiceError(f"{what}: apt-get needs root; run: sudo apt-get install -y redis-server")
+    logger.warning("redis-server is not installed; installing it with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        _run_tool([apt_get, "update"], what, env=env)
+        _apt_updated = True
+    _run_tool([apt_get, "install", "-y", "--no-install-recommends", "redis-server"], what, env=env)
+    found = shutil.which("redis-server")
+    if not found:
+        raise ServiceError(f"{what}: apt-get succeeded but redis-server is not on PATH")
+    return Path(found)
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("FLEETCRAWL_CACHE_DIR")
+    return (
+        Path(configured).expanduser().resolve()
+        if configured
+        else Path.home() / ".cache" / "fleetcrawl"
+    )
+
+
+def _ferretdb_runs(binary: Path) -> bool:
+    if not binary.is_file():
+        return False
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("%s does not run (%s); rebuilding it", binary, exc)
+        return False
+    if done.returncode != 0 or f"version: {FERRETDB_VERSION}" not in done.stdout:
+        logger.warning(
+            "%s does not run (exit %d: %s); rebuilding it",
+            binary,
+            done.returncode,
+            (done.stderr.strip().splitlines() or ["no output"])[0],
+        )
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_ferretdb() -> Path:
+    """Return ``<cache>/bin/ferretdb``, building FerretDB v1.24.2 with Go if it is missing.
+
+    ``go install ...@v1.24.2`` gives a binary that panics at start (the module
+    lacks the generated ``build/version/version.txt``), so the module source
+    is copied, that file is written, and ``go build`` runs on the copy.
+    """
+    cache = _cache_dir()
+    binary = cache / "bin" / "ferretdb"
+    what = "cannot build ferretdb"
+    try:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(f"{what}: cannot create {binary.parent}: {exc}") from exc
+    with _file_lock(binary.parent / ".ferretdb.lock"):
+        if _ferretdb_runs(binary):
+            return binary
+        go = shutil.which("go")
+        if go is None:
+            raise ServiceError(
+                f"{what}: go is not on PATH (Go >= 1.21 builds FerretDB {FERRETDB_VERSION})"
+            )
+        logger.warning(
+            "building FerretDB %s into %s (a few minutes the first time)", FERRETDB_VERSION, binary
+        )
+        env = {**os.environ, "GO111MODULE": "on", "GOFLAGS": ""}
+        listing = _run_tool(
+            [go, "mod", "download", "-json", f"{_FERRETDB_MODULE}@{FERRETDB_VERSION}"],
+            what,
+            cwd=cache,
+            env=env,
+        )
+        try:
+            module_dir = Path(json.loads(listing)["Dir"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServiceError(
+                f"{what}: unexpected output of go mod download: {listing[:200]!r}"
+            ) from exc
+        source = cache / "src" / f"ferretdb-{FERRETDB_VERSION}"
+        try:
+            shutil.rmtree(source, ignore_errors=True)
+            # copyfile, not copy2: the module cache is read-only and the copy must not be.
+            shutil.copytree(module_dir, source, copy_function=shutil.copyfile)
+            for folder, _, _ in os.walk(source):
+                Path(folder).chmod(0o755)
+            (source / "build" / "version" / "version.txt").write_text(f"{FERRETDB_VERSION}\n")
+        except OSError as exc:
+            raise ServiceError(f"{what}: cannot prepare the source in {source}: {exc}") from exc
+        partial = binary.with_name("ferretdb.partial")
+        _run_tool(
+            [go, "build", "-buildvcs=false", "-o", str(partial), "./cmd/ferretdb"],
+            what,
+            cwd=source,
+            env=env,
+        )
+        partial.replace(binary)
+        shutil.rmtree(source, ignore_errors=True)
+        if not _ferretdb_runs(binary):
+            raise ServiceError(f"{what}: the freshly built {binary} does not run")
+        return binary
+
+
+# --- processes -------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: ask /proc
+    else:
+        return reaped == 0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
+
+
+def _is_service_process(pid: int, executable: str) -> bool:
+    if not _pid_alive(pid):
+        return False
+    try:
+        argv0 = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        )
+    except OSError:
+        return False
+    # redis-server rewrites its title to "<argv0> 127.0.0.1:6379".
+    return executable in (Path(argv0).name, Path(argv0.split(" ", 1)[0]).name)
+
+
+def _read_pid(layout: _Layout) -> int | None:
+    try:
+        text = layout.pid_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ServiceError(f"cannot read {layout.pid_file}: {exc}") from exc
+    try:
+        pid = int(text)
+    except ValueError:
+        pid = 0
+    if pid > 0:
+        return pid
+    logger.warning("removing unreadable pidfile %s (%r)", layout.pid_file, text[:40])
+    layout.pid_file.unlink(missing_ok=True)
+    return None
+
+
+def _live_pid(layout: _Layout) -> int | None:
+    """The pid in the pidfile if it is our server; a stale pidfile is removed."""
+    pid = _read_pid(layout)
+    if pid is not None and not _is_service_process(pid, layout.executable):
+        logger.warning(
+            "removing stale pidfile %s: pid %d is not a running %s",
+            layout.pid_file,
+            pid,
+            layout.executable,
+        )
+        layout.pid_file.unlink(missing_ok=True)
+        return None
+    return pid
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _terminate(name: str, pid: int, timeout: float) -> None:
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError as exc:
+            raise ServiceError(f"cannot stop {name}: not allowed to signal pid {pid}") from exc
+        if _wait_gone(pid, wait):
+            return
+        logger.warning("%s (pid %d) still runs %gs after %s", name, pid, wait, sig.name)
+    raise ServiceError(f"cannot stop {name}: pid {pid} survived SIGKILL")
+
+
+def _log_tail(path: Path, offset: int = 0) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})"
+    lines = text.rstrip().splitlines()[-_LOG_TAIL_LINES:]
+    return "\n".join(f"    {line}" for line in lines) if lines else "    (log is empty)"
+
+
+def _check_port_free(name: str, host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                problem = f"port {port} on {host} is already in use by another process"
+                raise ServiceError(f"cannot start {name}: {problem}") from exc
+            raise ServiceError(
+                f"cannot start {name}: cannot bind {host}:{port}: {exc.strerror}"
+            ) from exc
+
+
+# --- probes ----------------------------------------------------------------
+
+
+def _resp(*parts: str) -> bytes:
+    encoded = [part.encode() for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded
+    )
+
+
+def _probe_redis(cfg: ServicesConfig) -> None:
+    where = _netloc(cfg.host, cfg.redis_port)
+    try:
+        with (
+            socket.create_connection((cfg.host, cfg.redis_port), timeout=2.0) as sock,
+            sock.makefile("rb") as replies,
+        ):
+            if cfg.redis_password:
+                sock.sendall(_resp("AUTH", cfg.redis_password))
+                reply = replies.readline().strip()
+                if reply.startswith(b"-LOADING"):
+                    raise _NotReadyError(reply.decode(errors="replace"))
+                if reply != b"+OK":
+                    raise ServiceError(
+                        f"redis at {where} refused REDIS_PASSWORD: {reply.decode(errors='replace')}"
+                    )
+            sock.sendall(_resp("PING"))
+            reply = replies.readline().strip()
+    except OSError as exc:
+        raise _NotReadyError(f"{where}: {exc.strerror or exc}") from exc
+    if reply.startswith(b"-LOADING") or not reply:
+        raise _NotReadyError(reply.decode(errors="replace") or "connection closed")
+    if reply.startswith(b"-NOAUTH"):
+        raise ServiceError(f"redis at {where} needs a password: set REDIS_PASSWORD")
+    if reply != b"+PONG":
+        raise ServiceError(f"redis at {where} answered PING with {reply.decode(errors='replace')}")
+
+
+def _probe_mongo(cfg: ServicesConfig) -> None:
+    where = _netloc(cfg.host, cfg.mongo_port)
+    try:
+        socket.create_connection((cfg.host, cfg.mongo_port), timeout=2.0).close()
+    except OSError as exc:
+        raise _NotReadyError(f"{where}: {exc.strerror or exc}") from exc
+    try:
+        # Optional: without pymongo a TCP connect has to do.
+        import pymongo
+        import pymongo.errors
+    except ImportError:
+        return
+    client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+        cfg.mongo_url, serverSelectionTimeoutMS=2000, connectTimeoutMS=2000, directConnection=True
+    )
+    try:
+        client.admin.command("ping")
+    except pymongo.errors.PyMongoError as exc:
+        raise _NotReadyError(f"ping: {exc}") from exc
+    finally:
+        client.close()
+
+
+_PROBES: Final[dict[str, Callable[[ServicesConfig], None]]] = {
+    "redis": _probe_redis,
+    "mongo": _probe_mongo,
+}
+
+
+def _wait_until_answering(
+    cfg: ServicesConfig, layout: _Layout, pid: int, log_offset: int = 0
+) -> None:
+    where = _netloc(cfg.host, layout.port)
+    deadline = time.monotonic() + cfg.start_timeout
+    while True:
+        if not _pid_alive(pid):
+            problem = f"exited before answering on {where}"
+            break
+        try:
+            _PROBES[layout.name](cfg)
+        except _NotReadyError as exc:
+            if time.monotonic() >= deadline:
+                problem = f"did not answer on {where} within {cfg.start_timeout:g}s ({exc})"
+                break
+        else:
+            return
+        time.sleep(0.1)
+    raise ServiceError(
+        f"{layout.name} ({layout.executable}, pid {pid}) {problem}; "
+        f"last lines of {layout.log_file}:\n{_log_tail(layout.log_file, log_offset)}"
+    )
+
+
+# --- start / stop / status -------------------------------------------------
+
+
+def _redis_quote(value: str) -> str:
+    escaped = "".join(
+        char
+        if char.isascii() and char.isprintable() and char not in '"\\'
+        else "".join(f"\\x{byte:02x}" for byte in char.encode())
+        for char in value
+    )
+    return f'"{escaped}"'
+
+
+def _write_private(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(text)
+    partial.replace(path)
+
+
+def _redis_config(cfg: ServicesConfig, layout: _Layout) -> str:
+    lines = [
+        f"bind {cfg.host}",
+        "protected-mode yes",
+        f"port {cfg.redis_port}",
+        "daemonize no",
+        f"dir {_redis_quote(str(layout.data_dir))}",
+        'logfile ""',
+        "appendonly yes",
+        "appendfsync everysec",
+    ]
+    if cfg.redis_password:
+        lines.append(f"requirepass {_redis_quote(cfg.redis_password)}")
+    return (
+        "# generated by fleetcrawl services; rewritten on every start\n" + "\n".join(lines) + "\n"
+    )
+
+
+def _launch(cfg: ServicesConfig, layout: _Layout, argv: Sequence[str]) -> ServiceInfo:
+    _check_port_free(layout.name, cfg.host, layout.port)
+    started = time.monotonic()
+    with layout.log_file.open("ab") as log:
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        log.write(f"--- {stamp} fleetcrawl services: starting {layout.executable}\n".encode())
+        log.flush()
+        offset = log.tell()
+        # posix_spawn rather than Popen: the server outlives this process, and
+        # a Popen object would warn "still running" when collected.
+        try:
+            pid = os.posix_spawn(
+                argv[0],
+                list(argv),
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log.fileno(), 1),
+                    (os.POSIX_SPAWN_DUP2, log.fileno(), 2),
+                ],
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except OSError as exc:
+            raise ServiceError(f"cannot start {layout.name}: {argv[0]}: {exc.strerror}") from exc
+    layout.pid_file.write_text(f"{pid}\n")
+    try:
+        _wait_until_answering(cfg, layout, pid, offset)
+    except ServiceError:
+        _terminate(layout.name, pid, cfg.stop_timeout)
+        layout.pid_file.unlink(missing_ok=True)
+        raise
+    elapsed = time.monotonic() - started
+    logger.info(
+        "%s started: pid %d at %s in %.2fs", layout.name, pid, mask_url(layout.url), elapsed
+    )
+    return layout.info(pid)
+
+
+def _running(cfg: ServicesConfig, layout: _Layout) -> ServiceInfo | None:
+    pid = _live_pid(layout)
+    if pid is None:
+        return None
+    try:
+        _wait_until_answering(cfg, layout, pid, log_offset=0)
+    except ServiceError as exc:
+        raise ServiceError(
+            f"{exc}\n(it was started earlier; stop it with `fleetcrawl services stop`)"
+        ) from exc
+    logger.info("%s already running: pid %d", layout.name, pid)
+    return layout.info(pid)
+
+
+def _make_dirs(layout: _Layout) -> None:
+    try:
+        layout.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        layout.data_dir.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(
+            f"cannot start {layout.name}: cannot create {layout.data_dir}: {exc}"
+        ) from exc
+
+
+def start_redis(cfg: ServicesConfig) -> ServiceInfo:
+    """Start Redis (AOF on, loopback only) unless it already runs; wait until it answers PING."""
+    layout = _layout(cfg, "redis")
+    running = _running(cfg, layout)
+    if running is not None:
+        return running
+    executable = ensure_redis_server()
+    _make_dirs(layout)
+    config = layout.directory / "redis.conf"
+    # The password goes into a 0600 file, never onto a command line.
+    _write_private(config, _redis_config(cfg, layout))
+    return _launch(cfg, layout, [str(executable), str(config)])
+
+
+def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
+    """Start FerretDB on SQLite (loopback only) unless it already runs; wait for a ping."""
+    layout = _layout(cfg, "mongo")
+    running = _running(cfg, layout)
+    if running is not None:
+        return running
+    executable = ensure_ferretdb()
+    _make_dirs(layout)
+    argv = [
+        str(executable),
+        f"--listen-addr={_netloc(cfg.host, cfg.mongo_port)}",
+        "--handler=sqlite",
+        f"--sqlite-url=file:{quote(str(layout.data_dir))}/",
+        f"--state-dir={layout.directory}",
+        "--telemetry=disable",
+        "--log-level=error",  # at warn, every pymongo close() logs a 20-line endSessions dump
+        "--debug-addr=-",  # no metrics HTTP listener: two instances would clash on 8088
+    ]
+    return _launch(cfg, layout, argv)
+
+
+def stop_service(cfg: ServicesConfig, name: str) -> bool:
+    """Stop service *name* (SIGTERM, then SIGKILL); False if it was not running."""
+    layout = _layout(cfg, name)
+    pid = _live_pid(layout)
+    if pid is None:
+        return False
+    _terminate(name, pid, cfg.stop_timeout)
+    layout.pid_file.unlink(missing_ok=True)
+    logger.info("%s stopped: pid %d", name, pid)
+    return True
+
+
+def status(cfg: ServicesConfig) -> dict[str, ServiceStatus]:
+    """Report each local service without changing anything."""
+    report: dict[str, ServiceStatus] = {}
+    for name in SERVICE_NAMES:
+        layout = _layout(cfg, name)
+        pid = _read_pid(layout)
+        state, detail = "running", ""
+        if pid is None:
+            state = "stopped"
+        elif not _is_service_process(pid, layout.executable):
+            state, detail = (
+                "stale pidfile",
+                f"{layout.pid_file}: pid {pid} is not a running {layout.executable}",
+            )
+        else:
+            try:
+                _PROBES[name](cfg)
+            except (_NotReadyError, ServiceError) as exc:
+                state, detail = "not answering", str(exc)
+        report[name] = ServiceStatus(
+            name, state, pid, layout.url, layout.log_file, layout.data_dir, detail
+        )
+    return report
+
+
+# --- command line ----------------------------------------------------------
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port <= _MAX_PORT:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return port
+
+
+def _add_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    env = os.environ
+
+    def default(value: str) -> str:
+        # After the subcommand, SUPPRESS keeps unset options from overwriting
+        # values given before it.
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--state-dir",
+        default=default(env.get("FLEETCRAWL_STATE_DIR", ".state")),
+        help="folder for data, logs and pidfiles (env FLEETCRAWL_STATE_DIR; default ./.state)",
+    )
+    parser.add_argument(
+        "--redis-port",
+        type=_port,
+        default=default(env.get("FLEETCRAWL_REDIS_PORT", "6379")),
+        help="Redis port (env FLEETCRAWL_REDIS_PORT; default 6379)",
+    )
+    parser.add_argument(
+        "--mongo-port",
+        type=_port,
+        default=default(env.get("FLEETCRAWL_MONGO_PORT", "27017")),
+        help="FerretDB port (env FLEETCRAWL_MONGO_PORT; default 27017)",
+    )
+    parser.add_argument(
+        "--host",
+        default=default("127.0.0.1"),
+        help="loopback address to listen on (default 127.0.0.1)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetcrawl services",
+        description="Start, stop or inspect the local Redis and FerretDB (MongoDB) servers. "
+        "REDIS_PASSWORD sets Redis' password; with MONGO_URI set, FerretDB is not started.",
+    )
+    _add_options(parser, defaults=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{start,stop,status}")
+    for command, help_text in (
+        ("start", "start the services that are not running"),
+        ("stop", "stop the running services"),
+        ("status", "show each service; exit 3 if one is not running"),
+    ):
+        _add_options(commands.add_parser(command, help=help_text), defaults=False)
+    return parser
+
+
+def _start_all(cfg: ServicesConfig, mongo_uri: str | None) -> int:
+    code = 0
+    for name, start in (("redis", start_redis), ("mongo", start_mongo)):
+        if name == "mongo" and mongo_uri:
+            print(f"mongo: using MONGO_URI (external) {mask_url(mongo_uri)}")
+            continue
+        try:
+            print(start(cfg))
+        except ServiceError as exc:
+            print(f"{name}: error: {exc}", file=sys.stderr)
+            code = 1
+    return code
+
+
+def _stop_all(cfg: ServicesConfig, mongo_uri: str | None) -> int:
+    code = 0
+    for name in SERVICE_NAMES:
+        pid = _read_pid(_layout(cfg, name))
+        try:
+            stopped = stop_service(cfg, name)
+        except ServiceError as exc:
+            print(f"{name}: error: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        if stopped:
+            print(f"{name}: stopped pid {pid}")
+        elif name == "mongo" and mongo_uri:
+            print(f"mongo: not running (using MONGO_URI (external) {mask_url(mongo_uri)})")
+        else:
+            print(f"{name}: not running")
+    return code
+
+
+def _status_all(cfg: ServicesConfig, mongo_uri: str | None) -> int:
+    code = 0
+    for name, found in status(cfg).items():
+        if name == "mongo" and mongo_uri and not found.running:
+            print(f"mongo: using MONGO_URI (external) {mask_url(mongo_uri)}")
+            continue
+        print(found)
+        if not found.running:
+            code = 3
+    return code
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``fleetcrawl services start|stop|status``; return the exit code."""
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    try:
+        cfg = ServicesConfig(
+            state_dir=Path(args.state_dir),
+            host=args.host,
+            redis_port=args.redis_port,
+            mongo_port=args.mongo_port,
+            redis_password=os.environ.get("REDIS_PASSWORD") or None,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    commands = {"start": _start_all, "stop": _stop_all, "status": _status_all}
+    try:
+        return commands[args.command](cfg, os.environ.get("MONGO_URI") or None)
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""The browser side: Chromium found at start, Playwright started with the first render."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from scrapy_playwright.provider import PlaywrightBrowserProvider
+
+from project.rendering.config import RenderingConfig
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, BrowserContext
+    from playwright.async_api import Request as PlaywrightRequest
+    from scrapy.settings import BaseSettings
+    from scrapy_playwright.handler import Config as PlaywrightConfig
+
+__all__ = ["LazyBrowserProvider", "abort_heavy_request", "use_system_chromium"]
+
+_HEAVY_RESOURCES = frozenset({"image", "font", "media"})
+
+
+def use_system_chromium(settings: BaseSettings) -> None:
+    """Point Playwright at the system's Chromium (``executable_path``); raise if it is missing.
+
+    Called by the add-on before the settings are frozen, so ``-s
+    PLAYWRIGHT_CHROMIUM_PATH=...`` reaches the launch options, and a node
+    without Chromium stops at start instead of crawling on without JavaScript.
+    """
+    config = RenderingConfig.from_settings(settings)
+    if config.remote or config.browser_type != "chromium":
+        return
+    options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
+    options["executable_path"] = config.find_chromium()
+    priority = settings.getpriority("PLAYWRIGHT_LAUNCH_OPTIONS") or "addon"
+    settings.set("PLAYWRIGHT_LAUNCH_OPTIONS", options, priority=priority)
+
+
+class LazyBrowserProvider(PlaywrightBrowserProvider):  # type: ignore[misc]
+    """scrapy-playwright's provider, started with the first browser instead of the engine.
+
+    Playwright's driver alone is a Node.js process of about 190 MiB PSS; a node
+    that never renders should not pay for it.
+    """
+
+    def __init__(self, config: PlaywrightConfig) -> None:
+        super().__init__(config)
+        self._start_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Nothing to do until a page is rendered."""
+
+    async def _start_playwright(self) -> None:
+        async with self._start_lock:
+            if self.playwright is None:
+                await super().start()
+
+    async def launch_browser(self) -> Browser:
+        """Start Playwright if needed, then launch the browser."""
+        await self._start_playwright()
+        browser: Browser = await super().launch_browser()
+        return browser
+
+    async def launch_persistent_context(self, context_kwargs: dict[str, Any]) -> BrowserContext:
+        """Start Playwright if needed, then launch a persistent context."""
+        await self._start_playwright()
+        context: BrowserContext = await super().launch_persistent_context(context_kwargs)
+        return context
+
+
+def abort_heavy_request(request: PlaywrightRequest) -> bool:
+    """PLAYWRIGHT_ABORT_REQUEST: images, fonts and media are never needed to build the DOM."""
+    return request.resource_type in _HEAVY_RESOURCES

@@ -1,0 +1,175 @@
+"""The rendering settings: render rules, the browser's bounds, where Chromium is."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import NotConfigured
+from scrapy_playwright.page import PageMethod
+
+from project.config import read_settings, setting
+from project.rendering.wire import page_method_from_json, page_method_to_json
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from scrapy.settings import BaseSettings
+
+__all__ = [
+    "DEFAULT_CHROMIUM_PATH",
+    "RenderRule",
+    "RenderingConfig",
+    "RenderingConfigError",
+    "parse_render_rules",
+]
+
+DEFAULT_CHROMIUM_PATH = "/usr/bin/chromium"
+
+
+class RenderingConfigError(RuntimeError):
+    """Rendering is misconfigured, so the node must not start.
+
+    Not ``NotConfigured``: Scrapy answers that by disabling the component and
+    crawling on, which would silently lose every JavaScript-only page.
+    """
+
+
+@dataclass(frozen=True)
+class RenderRule:
+    """Render requests whose URL matches ``pattern``, then run ``page_methods``."""
+
+    pattern: re.Pattern[str]
+    page_methods: tuple[PageMethod, ...] = ()
+
+
+def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tuple[RenderRule, ...]:
+    """Rules from a list of URL regexes, or a dict of regex -> page methods.
+
+    A string is a JSON list or dict (command line), or else a single regex.
+    Page methods are ``PageMethod`` objects or their JSON form
+    ``{"method": ..., "args": [...], "kwargs": {...}}``.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in ("[", "{"):
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise RenderingConfigError(f"{name} is not valid JSON: {exc}") from exc
+        else:
+            value = [text] if text else []
+    if not value:
+        return ()
+    items = value.items() if isinstance(value, dict) else ((pattern, ()) for pattern in value)
+    rules = []
+    for pattern, methods in items:
+        try:
+            regex = re.compile(pattern)
+            page_methods = tuple(_page_method(m) for m in methods or ())
+        except (re.error, TypeError, ValueError) as exc:
+            raise RenderingConfigError(f"{name}: bad rule {pattern!r}: {exc}") from exc
+        rules.append(RenderRule(regex, page_methods))
+    return tuple(rules)
+
+
+def _page_method(value: Any) -> PageMethod:
+    if isinstance(value, PageMethod):
+        # Rules are applied after the frontier: still hold them to its allow-list,
+        # or a retried request could not be sent back.
+        page_method_to_json(value)
+        return value
+    return page_method_from_json(value)
+
+
+_LAUNCH_OPTIONS = {
+    "headless": True,
+    "args": [
+        "--no-sandbox",  # nodes run as root, where Chromium's sandbox cannot start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        # Without these Chromium calls Google services, which closed networks refuse.
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ],
+}
+
+
+@dataclass(frozen=True)
+class RenderingConfig:
+    """The rendering settings; docs/settings.md explains each.
+
+    The ``export`` ones are scrapy-playwright's own settings: the add-on writes
+    these fleet defaults (one browser per node, four pages, lazy start, heavy
+    resources aborted) unless the project sets them.
+    """
+
+    chromium_path: str = setting(
+        "PLAYWRIGHT_CHROMIUM_PATH",
+        DEFAULT_CHROMIUM_PATH,
+        shown="$FLEETCRAWL_CHROMIUM or /usr/bin/chromium",
+    )
+    rules: tuple[RenderRule, ...] = setting("PLAYWRIGHT_RENDER_URLS", (), shown="[]")
+    browser_type: str = setting("PLAYWRIGHT_BROWSER_TYPE", "chromium", export=True)
+    browser_provider: str = setting(
+        "PLAYWRIGHT_BROWSER_PROVIDER", "project.rendering.browser.LazyBrowserProvider", export=True
+    )
+    launch_options: dict[str, Any] = setting(
+        "PLAYWRIGHT_LAUNCH_OPTIONS", _LAUNCH_OPTIONS, export=True, shown="headless, flags below"
+    )
+    # One browser per node; pages share contexts (a context per page costs
+    # twice the memory for less throughput: docs/benchmarks.md).
+    max_contexts: int = setting("PLAYWRIGHT_MAX_CONTEXTS", 1, export=True)
+    max_pages_per_context: int = setting("PLAYWRIGHT_MAX_PAGES_PER_CONTEXT", 4, export=True)
+    abort_request: str = setting(
+        "PLAYWRIGHT_ABORT_REQUEST", "project.rendering.browser.abort_heavy_request", export=True
+    )
+    #: PLAYWRIGHT_CDP_URL or PLAYWRIGHT_CONNECT_URL is set: the browser runs elsewhere.
+    remote: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        """Read and check the settings; raise RenderingConfigError when they cannot work."""
+        launch_options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
+        chromium = (
+            launch_options.get("executable_path")
+            or settings.get("PLAYWRIGHT_CHROMIUM_PATH")
+            or os.environ.get("FLEETCRAWL_CHROMIUM")
+            or DEFAULT_CHROMIUM_PATH
+        )
+        try:
+            values = read_settings(
+                cls,
+                settings,
+                chromium_path=chromium,
+                rules=parse_render_rules(settings.get("PLAYWRIGHT_RENDER_URLS")),
+                remote=bool(
+                    settings.get("PLAYWRIGHT_CDP_URL") or settings.get("PLAYWRIGHT_CONNECT_URL")
+                ),
+            )
+        except NotConfigured as exc:
+            raise RenderingConfigError(str(exc)) from exc
+        config = cls(**values)
+        if config.max_contexts < 1 or config.max_pages_per_context < 1:
+            raise RenderingConfigError(
+                "PLAYWRIGHT_MAX_CONTEXTS and PLAYWRIGHT_MAX_PAGES_PER_CONTEXT must be at least 1"
+                " (unbounded browsers take all the memory of a node)"
+            )
+        return config
+
+    def find_chromium(self) -> str:
+        """Absolute path of the Chromium binary; RenderingConfigError if there is none."""
+        found = shutil.which(self.chromium_path)
+        if found is None:
+            raise RenderingConfigError(
+                f"Chromium not found at {self.chromium_path!r}: JavaScript pages cannot be"
+                " rendered. Install it with `apt-get install chromium` (Debian), or set"
+                " PLAYWRIGHT_CHROMIUM_PATH or FLEETCRAWL_CHROMIUM to a Chromium binary."
+            )
+        return found

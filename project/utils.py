@@ -1,0 +1,29 @@
+"""Small helpers shared by every capability: nothing here does I/O."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["mask_url"]
+
+_QUERY_SECRET_RE: Final = re.compile(r"(?i)([?&](?:password|passwd|pwd|pass)=)[^&#]*")
+
+
+def mask_url(url: str) -> str:
+    """Return *url* with any password replaced by ``***`` (for logs and output)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = len(rest)
+    for stop in "?#":
+        if stop in rest:
+            end = min(end, rest.index(stop))
+    # The last '@' before the query ends the userinfo, so unescaped '@' or '/'
+    # inside a password are still masked.
+    at = rest.rfind("@", 0, end)
+    if at != -1:
+        user, colon, password = rest[:at].partition(":")
+        if colon and password:
+            rest = f"{user}:***{rest[at:]}"
+    return _QUERY_SECRET_RE.sub(r"\1***", f"{scheme}://{rest}")

@@ -1,0 +1,375 @@
+"""The frontier's Lua scripts against a real Redis, phase by phase (project/frontier/lua/)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import redis.asyncio
+
+from project.frontier import lua
+from project.frontier.admin import clear_frontier, retry_dead_letters
+from project.frontier.config import SiteLimits
+from project.frontier.keys import FrontierKeys, hash_tag
+from project.frontier.queue import LeasedQueue, StepBatch
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    import redis as sync_redis
+
+UNLIMITED = SiteLimits(concurrency=0)
+
+
+def run(
+    redis_url: str,
+    keys: FrontierKeys,
+    scenario: Callable[..., Awaitable[None]],
+    limits: SiteLimits = UNLIMITED,
+    lease_ms: int = 300,
+) -> None:
+    """Run *scenario* with two nodes' queues, ``node-a`` and ``node-b``."""
+
+    async def main() -> None:
+        client = redis.asyncio.from_url(redis_url)
+        try:
+            queues = [
+                LeasedQueue(client, None, keys, node, lease_ms, limits)  # type: ignore[arg-type]
+                for node in ("node-a", "node-b")
+            ]
+            await scenario(*queues)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def entry(
+    n: int, priority: int = 0, mode: bytes = b"f", tag: int = 0, site: str = "s"
+) -> tuple[bytes, str, int, bytes]:
+    """A queue entry; real payloads carry a unique id, *tag* stands for it."""
+    payload = b'{"url":"http://%s/%d","priority":%d,"id":%d}' % (site.encode(), n, priority, tag)
+    return (mode + b"fp%d" % n, site, priority, payload)
+
+
+def urls(result) -> list[str]:
+    return [json.loads(leased.payload)["url"] for leased in result.leased]
+
+
+# -- phase 1: enqueue ---------------------------------------------------------------------
+
+
+def test_enqueue_filters_duplicates_in_and_across_batches(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        first = await a.step(StepBatch(enqueue=[entry(1), entry(2), entry(1)]))
+        assert (first.added, first.duplicates) == (2, 1)
+        second = await a.step(StepBatch(enqueue=[entry(2), entry(3)]))
+        assert (second.added, second.duplicates) == (1, 1)
+        # dont_filter requests pass, but still mark their URL as seen
+        third = await a.step(StepBatch(enqueue=[entry(3, mode=b"m", tag=1), entry(4, mode=b"m")]))
+        assert (third.added, third.duplicates) == (2, 0)
+        fourth = await a.step(StepBatch(enqueue=[entry(4)]))
+        assert (fourth.added, fourth.duplicates) == (0, 1)
+
+    run(redis_url, keys, scenario)
+    assert redis_client.scard(keys.dupefilter) == 4
+    assert redis_client.zcard(keys.site_queue("s")) == 5
+    assert int(redis_client.get(keys.queued)) == 5
+
+
+def test_enqueue_puts_each_request_under_the_site_it_names(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """The site travels as its own field: the payload's URL does not decide it."""
+    fp, _, priority, payload = entry(1, site="shop.test")
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[(fp, "10.0.0.7:8080", priority, payload)]))
+        (leased,) = (await a.step(StepBatch(want=1))).leased
+        assert (leased.site, leased.payload) == ("10.0.0.7:8080", payload)
+        member = redis_client.zrange(keys.inflight, 0, -1)[0]
+        assert member == b"node-a\nR10.0.0.7:8080\n" + payload
+
+    run(redis_url, keys, scenario)
+    assert redis_client.hget(keys.leases, "10.0.0.7:8080") == b"1"
+
+
+def test_enqueue_takes_a_batch_larger_than_luas_stack(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        result = await a.step(StepBatch(enqueue=[entry(n) for n in range(5000)]))
+        assert (result.added, result.duplicates) == (5000, 0)
+
+    run(redis_url, keys, scenario)
+    assert redis_client.scard(keys.dupefilter) == 5000
+
+
+# -- phase 8: lease -------------------------------------------------------------------------
+
+
+def test_lease_takes_priority_first_then_first_in_first_out(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        entries = [entry(n, priority=10 if n % 3 == 0 else 0) for n in range(30)]
+        await a.step(StepBatch(enqueue=entries[:15]))
+        await a.step(StepBatch(enqueue=entries[15:]))
+        result = await a.step(StepBatch(want=30))
+        high = [n for n in range(30) if n % 3 == 0]
+        assert urls(result) == [f"http://s/{n}" for n in high + [n for n in range(30) if n % 3]]
+        assert {leased.site for leased in result.leased} == {"s"}
+
+    run(redis_url, keys, scenario)
+
+
+def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(10)]))
+        assert len((await a.step(StepBatch(want=10))).leased) == 3
+        # the site waits in `throttled`; node b gets nothing either
+        taken = await b.step(StepBatch(want=10))
+        assert taken.leased == []
+        assert taken.next_wake_ms is not None
+        assert 0 <= taken.next_wake_ms <= 100
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=3))
+    assert redis_client.hget(keys.active, "s") == b"3"
+    assert redis_client.zscore(keys.throttled, "s") is not None
+
+
+def test_lease_spends_a_sites_tokens_at_its_rate(redis_url: str, keys: FrontierKeys) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(10)]))
+        first = await a.step(StepBatch(want=10))
+        assert len(first.leased) == 1  # one token to start with (burst 1 at 10/s)
+        await asyncio.sleep(0.25)
+        later = await a.step(StepBatch(want=10))
+        assert 1 <= len(later.leased) <= 2
+
+    run(redis_url, keys, scenario, limits=SiteLimits(rate=10.0, concurrency=0))
+
+
+# -- phase 2: settle ------------------------------------------------------------------------
+
+
+def test_settle_dead_letters_leave_the_inflight_set(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1)]))
+        (leased,) = (await a.step(StepBatch(want=1))).leased
+        member = a.request_member(leased.site, leased.payload)
+        await a.step(StepBatch(dead=[(member, b'{"url":"http://s/1"}')]))
+
+    run(redis_url, keys, scenario)
+    assert redis_client.zcard(keys.inflight) == 0
+    assert redis_client.hget(keys.active, "s") == b"0"
+    assert redis_client.lrange(keys.dead, 0, -1) == [b'{"url":"http://s/1"}']
+
+
+def test_settle_retry_waits_for_its_time_then_any_node_takes_it(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1, priority=3)]))
+        (leased,) = (await a.step(StepBatch(want=1))).leased
+        retry = b'{"url":"http://s/1","priority":3,"meta":{"retry_times":1}}'
+        member = a.request_member(leased.site, leased.payload)
+        await a.step(StepBatch(retries=[(member, 250, leased.site, retry)]))
+        early = await b.step(StepBatch(maintain=True, want=1))
+        assert (early.promoted, early.leased, early.counts) == (0, [], (0, 1, 0, 0))
+        await asyncio.sleep(0.3)
+        late = await b.step(StepBatch(maintain=True, want=1))
+        assert late.promoted == 1
+        assert [(x.site, x.payload) for x in late.leased] == [("s", retry)]
+
+    run(redis_url, keys, scenario)
+
+
+# -- phases 3 and 6: heartbeat, maintenance ---------------------------------------------------
+
+
+def test_expired_lease_goes_back_and_heartbeat_keeps_it(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1), entry(2)]))
+        leased = await a.step(StepBatch(want=2))
+        kept, dropped = (a.request_member(x.site, x.payload) for x in leased.leased)
+        assert redis_client.zcard(keys.inflight) == 2
+        for _ in range(4):  # node a heartbeats only the first lease
+            await asyncio.sleep(0.15)
+            await a.step(StepBatch(heartbeat=[kept]))
+        reaped = await b.step(StepBatch(maintain=True, want=5))
+        assert reaped.reaped == 1
+        assert [x.payload for x in reaped.leased] == [leased.leased[1].payload]
+        assert redis_client.zscore(keys.inflight, kept) is not None
+        # acking a lease that was reaped and re-leased elsewhere is harmless
+        await a.step(StepBatch(acks=[dropped, kept]))
+        assert redis_client.zcard(keys.inflight) == 1
+
+    run(redis_url, keys, scenario)
+
+
+def test_reaped_lease_counts_off_its_sites_active_leases(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1, site="x"), entry(2, site="y")]))
+        await a.step(StepBatch(want=2))
+        assert redis_client.hmget(keys.active, "x", "y") == [b"1", b"1"]
+        await asyncio.sleep(0.4)
+        assert (await b.step(StepBatch(maintain=True))).reaped == 2
+
+    run(redis_url, keys, scenario)
+    assert redis_client.hmget(keys.active, "x", "y") == [b"0", b"0"]
+    assert redis_client.zcard(keys.site_queue("x")) == 1
+
+
+def test_leased_seeds_of_a_dead_node_return_to_start_urls(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    redis_client.lpush(keys.start_urls, b"http://s/1", b"http://s/2")
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        taken = await a.step(StepBatch(seed_want=1))
+        assert taken.seeds == [b"http://s/1"]
+        await asyncio.sleep(0.4)
+        result = await b.step(StepBatch(maintain=True))
+        assert result.reaped == 1
+        assert result.counts == (0, 0, 0, 2)
+
+    run(redis_url, keys, scenario)
+    assert sorted(redis_client.lrange(keys.start_urls, 0, -1)) == [b"http://s/1", b"http://s/2"]
+
+
+def test_adaptive_rate_moves_towards_target_over_latency(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    limits = SiteLimits(adaptive=True, target_concurrency=2.0, start_rate=2.0, concurrency=0)
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        # phase 5 records samples; phase 6 turns 5 or more into a rate
+        await a.step(StepBatch(latency=[("s", 0.4, 4)], maintain=True))
+        assert redis_client.hget(keys.rates, "s") is None
+        await a.step(StepBatch(latency=[("s", 0.1, 1)], maintain=True))
+
+    run(redis_url, keys, scenario, limits=limits)
+    # mean latency 0.1 s: wanted 20/s, halfway from 2/s
+    assert float(redis_client.hget(keys.rates, "s")) == pytest.approx(11.0)
+
+
+# -- phases 4 and 7: pause, wake ----------------------------------------------------------------
+
+
+def test_pause_parks_the_site_until_its_time_then_wake_brings_it_back(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(3)]))
+        paused = await a.step(StepBatch(pauses=[("s", 300)], want=3))
+        assert paused.leased == []
+        assert paused.next_wake_ms is not None
+        assert 200 <= paused.next_wake_ms <= 300
+        await asyncio.sleep(0.35)
+        assert len((await b.step(StepBatch(want=3))).leased) == 3
+
+    run(redis_url, keys, scenario)
+
+
+# -- release and requeue_dead ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("members", [0, 3])
+def test_release_puts_unstarted_leases_back(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys, members: int
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(3)]))
+        leased = (await a.step(StepBatch(want=members))).leased
+        assert await a.release([a.request_member(x.site, x.payload) for x in leased]) == members
+
+    run(redis_url, keys, scenario)
+    assert redis_client.zcard(keys.site_queue("s")) == 3
+    assert int(redis_client.get(keys.queued)) == 3
+    assert redis_client.zcard(keys.inflight) == 0
+
+
+def test_requeued_dead_letter_goes_back_to_the_site_it_was_leased_under(
+    redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    record = {
+        "url": "http://shop.test/1",
+        "site": "10.1.1.1",
+        "request": '{"url":"http://shop.test/1"}',
+    }
+    redis_client.lpush(keys.dead, json.dumps(record))
+    assert retry_dead_letters(redis_client, keys) == (1, 0)
+    assert redis_client.zcard(keys.site_queue("10.1.1.1")) == 1
+    assert redis_client.llen(keys.dead) == 0
+
+
+def test_clear_frontier_deletes_site_queues_too(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys, keyspace
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1, site="s"), entry(2, site="t")], want=1))
+
+    run(redis_url, keys, scenario)
+    redis_client.lpush(keys.start_urls, b"http://s/")
+    assert redis_client.exists(keys.site_queue("t"), keys.inflight, keys.dupefilter) == 3
+    clear_frontier(redis_client, keys)
+    assert keyspace.existing(redis_client) == []
+
+
+# -- the scripts' headers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["step", "release", "requeue_dead"])
+def test_a_script_declares_every_key_it_uses(name: str) -> None:
+    script = lua.load(name)
+    assert set(lua.used_keys(script)) <= set(script.keys), "K.<name> not in the header's KEYS"
+    keys = FrontierKeys.for_spider("products")
+    assert len(set(script.keys_from(keys))) == len(script.keys)
+
+
+def test_heartbeat_script_declares_every_key_it_uses() -> None:
+    import project.monitoring.node as node
+
+    script = lua.load("heartbeat", Path(node.__file__).parent)
+    assert set(lua.used_keys(script)) <= set(script.keys)
+    script.keys_from(FrontierKeys.for_spider("products"))
+
+
+@pytest.mark.parametrize("queue", ["products:requests", "{products:start_urls}:requests"])
+def test_site_queues_share_the_queue_keys_hash_slot(
+    redis_client: sync_redis.Redis, keys: FrontierKeys, queue: str
+) -> None:
+    """Python's site_queue() builds what lib/site_queues.lua builds, in the queue key's slot."""
+    built = dataclasses.replace(keys, queue=queue)
+    script = "local K = {queue = KEYS[1]}\n" + (lua.FOLDER / "lib/chunked.lua").read_text()
+    script += (lua.FOLDER / "lib/site_queues.lua").read_text() + "\nreturn site_key(ARGV[1])"
+    from_lua = redis_client.eval(script, 1, queue, "shop.test:8080").decode()
+    assert from_lua == built.site_queue("shop.test:8080")
+    tag = hash_tag(from_lua)
+    assert tag is not None
+    assert (hash_tag(queue) or queue) == tag
+
+
+@pytest.mark.parametrize("template", ["%(spider)s{}:requests", "%(spider)s}:requests"])
+def test_a_queue_key_with_braces_but_no_hash_tag_is_refused(template: str) -> None:
+    from scrapy.exceptions import NotConfigured
+
+    from project.frontier.keys import KeyTemplates
+
+    with pytest.raises(NotConfigured, match="SCHEDULER_QUEUE_KEY"):
+        FrontierKeys.for_spider("products", KeyTemplates(queue=template))
