@@ -35,8 +35,9 @@ _PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler
 
 #: Scrapy settings the fleet needs one way: asyncio for scrapy-playwright and
 #: the async Redis and MongoDB clients; no telnet console or remote-control
-#: server on crawler nodes.
+#: server on crawler nodes; robots.txt obeyed, once per site for the fleet.
 _SETTINGS = {
+    "ROBOTSTXT_OBEY": True,
     "SCHEDULER": "project.frontier.scheduler.FleetScheduler",
     "DUPEFILTER_CLASS": "project.frontier.dupefilter.FleetDupeFilter",
     "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",

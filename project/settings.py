@@ -20,6 +20,5 @@ REDIS_URL = os.environ.get("REDIS_URL")
 MONGO_URI = os.environ.get("MONGO_URI")
 MONGO_DATABASE = os.environ.get("MONGO_DATABASE")
 
-ROBOTSTXT_OBEY = True
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 FEED_EXPORT_ENCODING = "utf-8"

@@ -43,7 +43,9 @@ def _nodes(fleet, count: int) -> None:
 
 def test_basic_auth_guards_every_route(fleet) -> None:
     env = {**fleet.env(), "DASHBOARD_USERNAME": "ops", "DASHBOARD_PASSWORD": "s3cret:pw"}
-    with dashboard_process(env, fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()) as url:
+    with dashboard_process(
+        env, fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()
+    ) as url:
         for path in ("", "static/charts.js", "api/status", "api/history", "metrics"):
             status, _, _ = _get(url + path)
             assert status == 401, path

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import configparser
-import os
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,7 +18,7 @@ import pytest
 from project.ops import cli
 from project.ops.scrapyd import FleetError, NodeError, ScrapydNode, load_nodes
 from project.ops.services import free_port
-from tests.fleet import FAST_SETTINGS, ROOT, run_cli
+from tests.fleet import FAST_SETTINGS, ROOT, run_cli, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -48,17 +47,17 @@ class Scrapyd:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def answering() -> bool:
             try:
                 self.node().get("daemonstatus.json")
             except NodeError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is not None:
                     output = (self.folder / "scrapyd.out").read_text(errors="replace")
-                    raise AssertionError(f"scrapyd did not start:\n{output[-3000:]}") from None
-                time.sleep(0.2)
-            else:
-                return
+                    raise AssertionError(f"scrapyd exited:\n{output[-3000:]}") from None
+                return False
+            return True
+
+        wait_for(answering, timeout, f"scrapyd at {self.url} (see {self.folder}/scrapyd.out)", 0.2)
 
     def stop(self) -> None:
         # Its own process group: scrapyd and any crawl job it still runs.
@@ -145,11 +144,10 @@ def _tree_state() -> tuple[str, list[str]]:
 
 
 def _wait_finished(server: Scrapyd, job: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server.node().get("status.json", job=job)["currstate"] != "finished":
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job} still running:\n{server.job_log(job)[-3000:]}")
-        time.sleep(0.5)
+    def finished() -> bool:
+        return server.node().get("status.json", job=job)["currstate"] == "finished"
+
+    wait_for(finished, timeout, f"job {job} on {server.url} to finish", 0.5)
 
 
 # --- the node list ---------------------------------------------------------
@@ -225,6 +223,10 @@ def test_deploy_builds_one_egg_for_every_node_and_leaves_the_tree_clean(scrapyds
     names = zipfile.ZipFile(eggs[0]).namelist()
     assert {"project/settings.py", "spiders/products.py", "pipelines/mongo.py"} <= set(names)
     assert not [name for name in names if name.startswith("tests/")]
+    assert not [name for name in names if name.startswith("project/ops/")], "tooling shipped"
+    assert {"project/frontier/lua/step.lua", "project/frontier/lua/step/lease.lua",
+            "project/frontier/lua/lib/site_queues.lua", "project/monitoring/heartbeat.lua",
+            "project/monitoring/static/index.html"} <= set(names)  # fmt: skip
 
 
 @pytest.mark.slow

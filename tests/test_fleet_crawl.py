@@ -9,7 +9,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-
 if TYPE_CHECKING:
     from tests.fleet import Fleet
 

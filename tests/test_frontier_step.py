@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -343,9 +342,7 @@ def test_a_script_declares_every_key_it_uses(name: str) -> None:
 
 
 def test_heartbeat_script_declares_every_key_it_uses() -> None:
-    import project.monitoring.node as node
-
-    script = lua.load("heartbeat", Path(node.__file__).parent)
+    script = lua.load("heartbeat", "project.monitoring")
     assert set(lua.used_keys(script)) <= set(script.keys)
     script.keys_from(FrontierKeys.for_spider("products"))
 
@@ -356,8 +353,9 @@ def test_site_queues_share_the_queue_keys_hash_slot(
 ) -> None:
     """Python's site_queue() builds what lib/site_queues.lua builds, in the queue key's slot."""
     built = dataclasses.replace(keys, queue=queue)
-    script = "local K = {queue = KEYS[1]}\n" + (lua.FOLDER / "lib/chunked.lua").read_text()
-    script += (lua.FOLDER / "lib/site_queues.lua").read_text() + "\nreturn site_key(ARGV[1])"
+    lib = lua.FOLDER / "lib"
+    script = "local K = {queue = KEYS[1]}\n" + (lib / "chunked.lua").read_text()
+    script += (lib / "site_queues.lua").read_text() + "\nreturn site_key(ARGV[1])"
     from_lua = redis_client.eval(script, 1, queue, "shop.test:8080").decode()
     assert from_lua == built.site_queue("shop.test:8080")
     tag = hash_tag(from_lua)

@@ -52,9 +52,7 @@ def test_no_runtime_module_imports_the_operations_tooling() -> None:
         for path in (ROOT / package).rglob("*.py"):
             if path.is_relative_to(ROOT / "project" / "ops"):
                 continue
-            bad = {
-                name for name in _imports(path) if name.startswith(("project.ops", "tests"))
-            }
+            bad = {name for name in _imports(path) if name.startswith(("project.ops", "tests"))}
             if bad:
                 offenders[str(path.relative_to(ROOT))] = sorted(bad)
     assert offenders == {}
@@ -113,18 +111,15 @@ def _reference() -> dict[str, tuple[str, str]]:
 
 
 def _config_classes() -> list[type]:
-    found = []
-    for name in _runtime_modules():
-        module = importlib.import_module(name)
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and dataclasses.is_dataclass(value)
-                and value.__module__ == name
-                and setting_fields(value)
-            ):
-                found.append(value)
-    return found
+    return [
+        value
+        for name in _runtime_modules()
+        for value in vars(importlib.import_module(name)).values()
+        if isinstance(value, type)
+        and dataclasses.is_dataclass(value)
+        and value.__module__ == name
+        and setting_fields(value)
+    ]
 
 
 def _setting_defaults() -> dict[str, tuple[object, str | None]]:
@@ -230,19 +225,22 @@ def test_every_link_and_path_in_a_document_exists(document: Path) -> None:
         path = (document.parent / target.split("#", 1)[0]).resolve()
         if not path.exists():
             missing.append(target)
-    for target in _PATH.findall(text):
-        if not (ROOT / target).exists() and not (ROOT / target.split(":")[0]).exists():
-            missing.append(target)
+    missing += [
+        target
+        for target in _PATH.findall(text)
+        if not (ROOT / target).exists() and not (ROOT / target.split(":")[0]).exists()
+    ]
     assert missing == []
 
 
 def test_code_mentions_only_documents_that_exist() -> None:
-    missing = []
-    for package in RUNTIME:
-        for path in (ROOT / package).rglob("*.py"):
-            for target in re.findall(r"\bdocs/[\w./-]+\.md", path.read_text()):
-                if not (ROOT / target).exists():
-                    missing.append(f"{path.relative_to(ROOT)}: {target}")
+    missing = [
+        f"{path.relative_to(ROOT)}: {target}"
+        for package in RUNTIME
+        for path in (ROOT / package).rglob("*.py")
+        for target in re.findall(r"\bdocs/[\w./-]+\.md", path.read_text())
+        if not (ROOT / target).exists()
+    ]
     assert missing == []
 
 
@@ -251,7 +249,9 @@ def test_the_readme_stays_short() -> None:
 
 
 def test_project_package_is_one_folder_per_capability() -> None:
-    top = sorted(p.name for p in Path(project.__file__).parent.iterdir() if not p.name.startswith("__"))
+    top = sorted(
+        p.name for p in Path(project.__file__).parent.iterdir() if not p.name.startswith("__")
+    )
     assert top == [
         "addon.py", "config.py", "frontier", "items.py", "monitoring", "ops", "rendering",
         "schema.py", "settings.py", "storage", "utils.py",

@@ -183,10 +183,17 @@ def _status(**overrides: Any) -> dict[str, Any]:
         "seen_bytes": 9000,
         "dead_letters": 4,
         "sites": [
-            {"site": "shop.test:8080", "state": "throttled", "allowed_rate": 20.0,
-             "achieved_rate": 19.5, "queued": 40, "in_flight": 5, "leases": 100,
-             "concurrency": 32},
-        ],  # fmt: skip
+            {
+                "site": "shop.test:8080",
+                "state": "throttled",
+                "allowed_rate": 20.0,
+                "achieved_rate": 19.5,
+                "queued": 40,
+                "in_flight": 5,
+                "leases": 100,
+                "concurrency": 32,
+            }
+        ],
         "nodes": [node, {**node, "id": "host:2:b", "state": "dead", "pages_per_min": 0.0}],
         "fleet": {
             "nodes_alive": 1,

@@ -18,8 +18,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_playwright.page import PageMethod
 
 from project import settings as project_settings
-from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
 from project.addon import FleetAddon
+from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
 from project.rendering.browser import abort_heavy_request, use_system_chromium
 from project.rendering.config import RenderingConfig, RenderingConfigError, parse_render_rules
 from project.rendering.middleware import FALLBACK_META_KEY, RenderingMiddleware

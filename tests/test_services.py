@@ -16,12 +16,11 @@ import pymongo
 import pytest
 import redis
 
+from project.ops.install import ensure_ferretdb, ensure_redis_server
 from project.ops.services import (
     SERVICE_NAMES,
     ServiceError,
     ServicesConfig,
-    ensure_ferretdb,
-    ensure_redis_server,
     free_port,
     main,
     start_mongo,

@@ -34,7 +34,10 @@ class FleetSpider(RedisSpider):  # type: ignore[misc]
 
     def request_from_seed(self, raw: bytes) -> Request:
         """Validate a raw seed and build its request; raises InvalidSeed."""
-        seed = parse_seed(raw, FrontierConfig.from_settings(self.settings).seed_max_bytes)
+        limit = getattr(self, "_seed_max_bytes", None)
+        if limit is None:
+            limit = self._seed_max_bytes = FrontierConfig.from_settings(self.settings).seed_max_bytes
+        seed = parse_seed(raw, limit)
         return self.make_request_from_seed(seed)
 
     def make_request_from_seed(self, seed: Seed) -> Request:

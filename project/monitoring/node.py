@@ -44,7 +44,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_HEARTBEAT = lua.load("heartbeat", Path(__file__).parent)
+_HEARTBEAT = lua.load("heartbeat", __package__ or "project.monitoring")
 
 #: Recount the journal's lines at most this often (it reads every segment).
 _JOURNAL_EVERY = 10.0
@@ -242,7 +242,9 @@ class NodeMonitor:
         if count_journal:
             self._journal, self._journal_at = journal, now
         stat = self.stats.get_value
-        pages = int(stat("response_received_count", 0))
+        # Pages fetched from the sites: a robots.txt answered from the fleet's cache
+        # is a response to Scrapy, not a page anyone downloaded.
+        pages = int(stat("response_received_count", 0)) - int(stat("robotstxt/shared_hits", 0))
         items = int(stat("item_scraped_count", 0))
         self._points.append((now, pages, items))
         while len(self._points) > 2 and self._points[1][0] <= now - self.config.rate_window:

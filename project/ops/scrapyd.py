@@ -57,8 +57,9 @@ _BUILD_TIMEOUT: Final = 300.0
 _MAX_WORKERS: Final = 16
 # Files setuptools reads besides the packages; setup.py is ours, not a leftover.
 _BUILD_FILES: Final = ("pyproject.toml", "setup.cfg", "MANIFEST.in", "scrapy.cfg")
-# The test suite and its shop never run on crawler nodes.
-_NOT_DEPLOYED: Final = frozenset({"tests"})
+# The test suite and its shop, and the operations tooling (this CLI, the services
+# launcher), never run on crawler nodes.
+_NOT_DEPLOYED: Final = frozenset({"tests", "project/ops"})
 
 
 class FleetError(Exception):
@@ -252,14 +253,16 @@ def _for_each(nodes: Sequence[ScrapydNode], action: Callable[[ScrapydNode], str]
 
 def _copy_sources(project_dir: Path, dest: Path) -> None:
     dest.mkdir()
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        where = Path(folder).relative_to(project_dir).as_posix()
+        dropped = {n for n in names if n == "__pycache__" or n.endswith((".pyc", ".pyo"))}
+        return dropped | {n for n in names if f"{where}/{n}" in _NOT_DEPLOYED}
+
     for entry in sorted(project_dir.iterdir()):
         if entry.is_dir() and (entry / "__init__.py").is_file():
             if entry.name not in _NOT_DEPLOYED:
-                shutil.copytree(
-                    entry,
-                    dest / entry.name,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.py[co]"),
-                )
+                shutil.copytree(entry, dest / entry.name, ignore=ignore)
         elif entry.is_file() and (
             entry.name in _BUILD_FILES or entry.name.upper().startswith(("README", "LICENSE"))
         ):

@@ -6,23 +6,19 @@ pidfile) and ``<state>/ferretdb/`` (SQLite data in ``data/``, FerretDB state,
 log, pidfile). Servers listen on loopback only and run in their own session,
 so they outlive the command that started them; they are found again through
 their pidfiles, which are checked against ``/proc/<pid>/cmdline`` (Linux).
+The servers' executables come from ``project.ops.install``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import errno
-import fcntl
 import ipaddress
-import json
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -31,20 +27,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from project.utils import mask_url
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = [
-    "FERRETDB_VERSION",
     "SERVICE_NAMES",
     "ServiceError",
     "ServiceInfo",
     "ServiceStatus",
     "ServicesConfig",
-    "ensure_ferretdb",
-    "ensure_redis_server",
     "free_port",
     "main",
     "start_mongo",
@@ -55,17 +52,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FERRETDB_VERSION: Final = "v1.24.2"
 SERVICE_NAMES: Final = ("redis", "mongo")
 
-_FERRETDB_MODULE: Final = "github.com/FerretDB/FerretDB"
 _EXECUTABLES: Final = {"redis": "redis-server", "mongo": "ferretdb"}
 _DIRECTORIES: Final = {"redis": "redis", "mongo": "ferretdb"}
-_INSTALL_TIMEOUT: Final = 1800.0
 _LOG_TAIL_LINES: Final = 20
 _MAX_PORT: Final = 65535
-
-_apt_updated = False
 
 
 class ServiceError(RuntimeError):
@@ -208,169 +200,6 @@ def free_port() -> int:
         return port
 
 
-# --- installing the servers ------------------------------------------------
-
-
-def _output_tail(text: str, lines: int = 5) -> str:
-    kept = [line for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(kept[-lines:]) or "(no output)"
-
-
-def _run_tool(
-    argv: Sequence[str], what: str, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
-) -> str:
-    tool = f"{Path(argv[0]).name} {argv[1]}"
-    logger.info("running %s", " ".join(argv))
-    try:
-        done = subprocess.run(
-            list(argv),
-            cwd=cwd,
-            env=None if env is None else dict(env),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_INSTALL_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ServiceError(f"{what}: {tool} did not finish within {_INSTALL_TIMEOUT:g}s") from exc
-    except OSError as exc:
-        raise ServiceError(f"{what}: cannot run {tool}: {exc}") from exc
-    if done.returncode != 0:
-        raise ServiceError(
-            f"{what}: {tool} exited {done.returncode}: {_output_tail(done.stderr or done.stdout)}"
-        )
-    return done.stdout
-
-
-def ensure_redis_server() -> Path:
-    """Return the path of ``redis-server``, installing Debian's package if it is missing."""
-    global _apt_updated  # `apt-get update` once per process
-    found = shutil.which("redis-server")
-    if found:
-        return Path(found)
-    what = "cannot install redis-server"
-    apt_get = shutil.which("apt-get")
-    if apt_get is None:
-        raise ServiceError(
-            f"{what}: it is not on PATH and apt-get is not available; install Redis >= 6"
-        )
-    if os.geteuid() != 0:
-        raise ServiceError(f"{what}: apt-get needs root; run: sudo apt-get install -y redis-server")
-    logger.warning("redis-server is not installed; installing it with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    if not _apt_updated:
-        _run_tool([apt_get, "update"], what, env=env)
-        _apt_updated = True
-    _run_tool([apt_get, "install", "-y", "--no-install-recommends", "redis-server"], what, env=env)
-    found = shutil.which("redis-server")
-    if not found:
-        raise ServiceError(f"{what}: apt-get succeeded but redis-server is not on PATH")
-    return Path(found)
-
-
-def _cache_dir() -> Path:
-    configured = os.environ.get("FLEETCRAWL_CACHE_DIR")
-    return (
-        Path(configured).expanduser().resolve()
-        if configured
-        else Path.home() / ".cache" / "fleetcrawl"
-    )
-
-
-def _ferretdb_runs(binary: Path) -> bool:
-    if not binary.is_file():
-        return False
-    try:
-        done = subprocess.run(
-            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        logger.warning("%s does not run (%s); rebuilding it", binary, exc)
-        return False
-    if done.returncode != 0 or f"version: {FERRETDB_VERSION}" not in done.stdout:
-        logger.warning(
-            "%s does not run (exit %d: %s); rebuilding it",
-            binary,
-            done.returncode,
-            (done.stderr.strip().splitlines() or ["no output"])[0],
-        )
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def ensure_ferretdb() -> Path:
-    """Return ``<cache>/bin/ferretdb``, building FerretDB v1.24.2 with Go if it is missing.
-
-    ``go install ...@v1.24.2`` gives a binary that panics at start (the module
-    lacks the generated ``build/version/version.txt``), so the module source
-    is copied, that file is written, and ``go build`` runs on the copy.
-    """
-    cache = _cache_dir()
-    binary = cache / "bin" / "ferretdb"
-    what = "cannot build ferretdb"
-    try:
-        binary.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServiceError(f"{what}: cannot create {binary.parent}: {exc}") from exc
-    with _file_lock(binary.parent / ".ferretdb.lock"):
-        if _ferretdb_runs(binary):
-            return binary
-        go = shutil.which("go")
-        if go is None:
-            raise ServiceError(
-                f"{what}: go is not on PATH (Go >= 1.21 builds FerretDB {FERRETDB_VERSION})"
-            )
-        logger.warning(
-            "building FerretDB %s into %s (a few minutes the first time)", FERRETDB_VERSION, binary
-        )
-        env = {**os.environ, "GO111MODULE": "on", "GOFLAGS": ""}
-        listing = _run_tool(
-            [go, "mod", "download", "-json", f"{_FERRETDB_MODULE}@{FERRETDB_VERSION}"],
-            what,
-            cwd=cache,
-            env=env,
-        )
-        try:
-            module_dir = Path(json.loads(listing)["Dir"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ServiceError(
-                f"{what}: unexpected output of go mod download: {listing[:200]!r}"
-            ) from exc
-        source = cache / "src" / f"ferretdb-{FERRETDB_VERSION}"
-        try:
-            shutil.rmtree(source, ignore_errors=True)
-            # copyfile, not copy2: the module cache is read-only and the copy must not be.
-            shutil.copytree(module_dir, source, copy_function=shutil.copyfile)
-            for folder, _, _ in os.walk(source):
-                Path(folder).chmod(0o755)
-            (source / "build" / "version" / "version.txt").write_text(f"{FERRETDB_VERSION}\n")
-        except OSError as exc:
-            raise ServiceError(f"{what}: cannot prepare the source in {source}: {exc}") from exc
-        partial = binary.with_name("ferretdb.partial")
-        _run_tool(
-            [go, "build", "-buildvcs=false", "-o", str(partial), "./cmd/ferretdb"],
-            what,
-            cwd=source,
-            env=env,
-        )
-        partial.replace(binary)
-        shutil.rmtree(source, ignore_errors=True)
-        if not _ferretdb_runs(binary):
-            raise ServiceError(f"{what}: the freshly built {binary} does not run")
-        return binary
-
-
 # --- processes -------------------------------------------------------------
 
 
@@ -486,39 +315,44 @@ def _check_port_free(name: str, host: str, port: int) -> None:
 # --- probes ----------------------------------------------------------------
 
 
-def _resp(*parts: str) -> bytes:
-    encoded = [part.encode() for part in parts]
-    return b"*%d\r\n" % len(encoded) + b"".join(
-        b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded
-    )
+def _reply(exc: redis.RedisError) -> str:
+    # The error line as the server sent it; redis-py splits off its code (status_code, 8.x).
+    code = getattr(exc, "status_code", None)
+    return f"-{code} {exc}" if code else str(exc)
 
 
 def _probe_redis(cfg: ServicesConfig) -> None:
     where = _netloc(cfg.host, cfg.redis_port)
+    client = redis.Redis(
+        cfg.host,
+        cfg.redis_port,
+        password=cfg.redis_password,
+        socket_timeout=2,
+        socket_connect_timeout=2,
+        # RESP2 sends a bare AUTH, which a server without a password refuses; RESP3's
+        # HELLO AUTH default <password> would pass there and hide the missing password.
+        protocol=2,
+        retry=Retry(NoBackoff(), 0),  # the caller polls; the default retries with backoff
+    )
+    # BusyLoadingError and AuthenticationError subclass ConnectionError: they come first.
     try:
-        with (
-            socket.create_connection((cfg.host, cfg.redis_port), timeout=2.0) as sock,
-            sock.makefile("rb") as replies,
-        ):
-            if cfg.redis_password:
-                sock.sendall(_resp("AUTH", cfg.redis_password))
-                reply = replies.readline().strip()
-                if reply.startswith(b"-LOADING"):
-                    raise _NotReadyError(reply.decode(errors="replace"))
-                if reply != b"+OK":
-                    raise ServiceError(
-                        f"redis at {where} refused REDIS_PASSWORD: {reply.decode(errors='replace')}"
-                    )
-            sock.sendall(_resp("PING"))
-            reply = replies.readline().strip()
-    except OSError as exc:
-        raise _NotReadyError(f"{where}: {exc.strerror or exc}") from exc
-    if reply.startswith(b"-LOADING") or not reply:
-        raise _NotReadyError(reply.decode(errors="replace") or "connection closed")
-    if reply.startswith(b"-NOAUTH"):
-        raise ServiceError(f"redis at {where} needs a password: set REDIS_PASSWORD")
-    if reply != b"+PONG":
-        raise ServiceError(f"redis at {where} answered PING with {reply.decode(errors='replace')}")
+        with client:
+            answered = client.ping()
+    except redis.BusyLoadingError as exc:
+        raise _NotReadyError(_reply(exc)) from exc
+    except redis.AuthenticationError as exc:
+        if not cfg.redis_password:  # no AUTH was sent, so this is NOAUTH
+            raise ServiceError(f"redis at {where} needs a password: set REDIS_PASSWORD") from exc
+        raise ServiceError(f"redis at {where} refused REDIS_PASSWORD: {_reply(exc)}") from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, OSError):
+            raise _NotReadyError(f"{where}: {cause.strerror or cause}") from exc
+        raise _NotReadyError(str(exc)) from exc
+    except redis.RedisError as exc:
+        raise ServiceError(f"redis at {where} answered PING with {_reply(exc)}") from exc
+    if not answered:
+        raise ServiceError(f"redis at {where} answered PING with something other than PONG")
 
 
 def _probe_mongo(cfg: ServicesConfig) -> None:
@@ -679,6 +513,9 @@ def _make_dirs(layout: _Layout) -> None:
 
 def start_redis(cfg: ServicesConfig) -> ServiceInfo:
     """Start Redis (AOF on, loopback only) unless it already runs; wait until it answers PING."""
+    # Imported here: project.ops.install imports ServiceError from this module.
+    from project.ops.install import ensure_redis_server
+
     layout = _layout(cfg, "redis")
     running = _running(cfg, layout)
     if running is not None:
@@ -693,6 +530,9 @@ def start_redis(cfg: ServicesConfig) -> ServiceInfo:
 
 def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
     """Start FerretDB on SQLite (loopback only) unless it already runs; wait for a ping."""
+    # Imported here: project.ops.install imports ServiceError from this module.
+    from project.ops.install import ensure_ferretdb
+
     layout = _layout(cfg, "mongo")
     running = _running(cfg, layout)
     if running is not None:

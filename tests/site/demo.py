@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from project.frontier.keys import FrontierKeys
 from project.ops.services import (
     ServiceError,
     ServicesConfig,
@@ -23,6 +24,7 @@ from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
 
 __all__ = ["main"]
 
@@ -64,14 +66,19 @@ def _shop_stats(base_url: str) -> dict[str, Any]:
         return data
 
 
-def _reset_frontier(redis_url: str, spider: str) -> None:
+def _keys(spider: str) -> FrontierKeys:
+    from scrapy.utils.project import get_project_settings
+
+    return FrontierKeys.from_settings(get_project_settings(), spider)
+
+
+def _reset_frontier(redis_url: str, keys: FrontierKeys) -> None:
     import redis
 
     from project.frontier.admin import clear_frontier
-    from project.frontier.keys import FrontierKeys
 
     with redis.Redis.from_url(redis_url) as client:
-        clear_frontier(client, FrontierKeys.for_spider(spider))
+        clear_frontier(client, keys)
 
 
 def _mongo_products(uri: str, database: str, drop: bool = False) -> int:
@@ -125,7 +132,8 @@ def main(argv: Sequence[str]) -> int:
     )
     nodes: list[subprocess.Popen[bytes]] = []
     try:
-        _reset_frontier(cfg.redis_url, "products")
+        keys = _keys("products")
+        _reset_frontier(cfg.redis_url, keys)
         _mongo_products(mongo_uri, args.database, drop=True)
         started_at = time.monotonic()
         for index in range(args.nodes):
@@ -149,9 +157,9 @@ def main(argv: Sequence[str]) -> int:
                 )
         print(f"nodes: {args.nodes} x `scrapy crawl products` (logs in {work})")
         redis_cli = shutil.which("redis-cli") or "redis-cli"
-        seed = [redis_cli, "-u", cfg.redis_url, "lpush", "products:start_urls", base_url + "/"]
+        seed = [redis_cli, "-u", cfg.redis_url, "lpush", keys.start_urls, base_url + "/"]
         subprocess.run(seed, check=True, stdout=subprocess.DEVNULL)
-        print(f"seed: redis-cli lpush products:start_urls {base_url}/")
+        print(f"seed: redis-cli lpush {keys.start_urls} {base_url}/")
         codes = [node.wait() for node in nodes]
         elapsed = time.monotonic() - started_at
         stats = _shop_stats(base_url)

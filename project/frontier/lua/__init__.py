@@ -13,16 +13,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from importlib.resources.abc import Traversable
 
 __all__ = ["FOLDER", "LuaScript", "load", "used_keys"]
 
-#: Where the frontier's scripts live.
-FOLDER = Path(__file__).parent
+#: Where the frontier's scripts live: read through importlib.resources, because a
+#: scrapyd node runs the project from a zipped egg.
+FOLDER: Traversable = files(__name__)
 
 _INCLUDE = re.compile(r"^--@include (\S+)\s*$", re.MULTILINE)
 _HEADER = re.compile(r"\A--\[\[(.*?)\]\]", re.DOTALL)
@@ -42,15 +44,20 @@ class LuaScript:
         return [getattr(builder, name) for name in self.keys]
 
 
-def _expand(path: Path, seen: set[Path]) -> str:
-    def include(match: re.Match[str]) -> str:
-        target = (FOLDER / match[1]).resolve()
-        if target in seen:
-            return f"-- (already included: {match[1]})"
-        seen.add(target)
-        return _expand(target, seen)
+def _resource(folder: Traversable, relative: str) -> Traversable:
+    for part in relative.split("/"):
+        folder = folder / part
+    return folder
 
-    return _INCLUDE.sub(include, path.read_text())
+
+def _expand(text: str, seen: set[str]) -> str:
+    def include(match: re.Match[str]) -> str:
+        if match[1] in seen:
+            return f"-- (already included: {match[1]})"
+        seen.add(match[1])
+        return _expand(_resource(FOLDER, match[1]).read_text(encoding="utf-8"), seen)
+
+    return _INCLUDE.sub(include, text)
 
 
 def _key_names(name: str, source: str) -> tuple[str, ...]:
@@ -64,12 +71,11 @@ def _key_names(name: str, source: str) -> tuple[str, ...]:
 
 
 @cache
-def load(name: str, folder: Path = FOLDER) -> LuaScript:
-    """The script ``<folder>/<name>.lua``, ready for ``register_script``."""
-    path = folder / f"{name}.lua"
-    text = path.read_text()
+def load(name: str, package: str = __name__) -> LuaScript:
+    """The script ``<name>.lua`` of *package*, ready for ``register_script``."""
+    text = files(package).joinpath(f"{name}.lua").read_text(encoding="utf-8")
     keys = _key_names(name, text)
-    body = _expand(path, {path.resolve()})
+    body = _expand(text, set())
     table = ", ".join(f"{key} = KEYS[{n}]" for n, key in enumerate(keys, 1))
     return LuaScript(name, f"local K = {{{table}}}\n{body}", keys)
 

@@ -1,0 +1,339 @@
+"""The frontier's components built the way Scrapy builds them, against a real Redis.
+
+``get_crawler`` with the add-on and this test's key space, then ``build_from_crawler``:
+the scheduler, the retry and robots.txt middlewares, and every Config class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pytest
+from protego import Protego
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import Response
+from scrapy.robotstxt import ProtegoRobotParser
+from scrapy.settings import Settings
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+
+from project.addon import FleetAddon
+from project.frontier.config import FrontierConfig, RetryConfig, SiteLimits
+from project.frontier.keys import FrontierKeys, KeyTemplates
+from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY
+from project.frontier.retry import FrontierRetryMiddleware
+from project.frontier.robots import CACHED_FLAG, RobotsCacheMiddleware, RobotsConfig
+from project.frontier.scheduler import FleetScheduler
+from project.monitoring.node import MonitorConfig
+from project.monitoring.statsfile import StatsFileConfig
+from project.rendering.config import RenderingConfig
+from project.storage.config import MongoConfig
+from spiders.products import ProductsSpider
+
+if TYPE_CHECKING:
+    import redis
+
+    from tests.fleet import KeySpace
+
+
+def _crawler(
+    redis_url: str, keyspace: KeySpace, spidercls: type[Spider] = ProductsSpider, **settings: Any
+):
+    crawler = get_crawler(
+        spidercls,
+        {
+            "ADDONS": {FleetAddon: 0},
+            "REDIS_URL": redis_url,
+            "ROBOTSTXT_OBEY": True,
+            **keyspace.settings,
+            **settings,
+        },
+    )
+    crawler.spider = spidercls.from_crawler(crawler)
+    return crawler
+
+
+async def _until(condition, timeout: float = 5.0, what: str = "the condition"):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := condition()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+    return value
+
+
+# -- the scheduler ----------------------------------------------------------------------------
+
+
+def _crawl(crawler) -> None:
+    """A real crawl in this process: Scrapy without a Twisted reactor, on asyncio."""
+
+    async def main() -> None:
+        await crawler.crawl_async()
+
+    asyncio.run(main())
+
+
+# Scrapy's own asyncio HTTP handler: this process has no Twisted reactor for Playwright's.
+IN_PROCESS = {
+    "DOWNLOAD_HANDLERS": {
+        "http": "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler",
+        "https": "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler",
+    },
+    "ITEM_PIPELINES": {
+        "pipelines.validation.ValidationPipeline": None,
+        "pipelines.mongo.MongoPipeline": None,
+    },
+    "FRONTIER_IDLE_GRACE": 0.3,
+    "FRONTIER_MAINTENANCE_SECONDS": 0.2,
+    "MONITOR_ENABLED": False,
+    "LOG_LEVEL": "INFO",
+}
+
+
+def test_scheduler_runs_a_crawl_through_the_shared_frontier(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
+) -> None:
+    shop = make_shop(products=30)
+    redis_client.lpush(keys.start_urls, shop.url("/"))
+    crawler = get_crawler(
+        ProductsSpider,
+        {"ADDONS": {FleetAddon: 0}, "REDIS_URL": redis_url, "ROBOTSTXT_OBEY": True,
+         **keyspace.settings, **IN_PROCESS, "FRONTIER_NODE_ID": "unit"},
+    )  # fmt: skip
+    _crawl(crawler)
+
+    stats = crawler.stats.get_stats()
+    hits = shop.stats()["hits"]
+    assert len(shop.stats()["product_hits"]) == 30
+    assert max(hits.values()) == 1, "a page was fetched twice"
+    pages = sum(hits.values()) - hits.get("/robots.txt", 0)
+    assert stats["finish_reason"] == "finished"
+    assert stats["frontier/leased"] == pages
+    assert stats["frontier/acked"] == pages + stats["frontier/seeds/accepted"] == pages + 1
+    assert stats["item_scraped_count"] == 30
+    assert stats["robotstxt/response_count"] == 1, "Scrapy's robots.txt middleware at work"
+    assert redis_client.zcard(keys.inflight) == 0
+    assert redis_client.get(keys.queued) == b"0"
+    assert redis_client.scard(keys.dupefilter) == pages
+    assert (
+        json.loads(redis_client.hget(keys.robots, urlsplit(shop.url("/")).netloc))["status"] == 200
+    )
+
+
+def test_scheduler_gives_unstarted_leases_back_when_it_closes(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
+) -> None:
+    shop = make_shop(products=200)
+    redis_client.lpush(keys.start_urls, shop.url("/"))
+    crawler = get_crawler(
+        ProductsSpider,
+        {"ADDONS": {FleetAddon: 0}, "REDIS_URL": redis_url, **keyspace.settings, **IN_PROCESS,
+         "CLOSESPIDER_PAGECOUNT": 5, "CONCURRENT_REQUESTS": 2},
+    )  # fmt: skip
+    _crawl(crawler)
+
+    stats = crawler.stats.get_stats()
+    assert stats["finish_reason"] == "closespider_pagecount"
+    assert redis_client.zcard(keys.inflight) == 0, "leases left behind by a clean close"
+    assert int(redis_client.get(keys.queued)) > 0, "the rest waits for other nodes"
+
+
+class PlainSpider(Spider):
+    name = "plain"
+
+
+def test_scheduler_refuses_a_spider_it_cannot_seed(redis_url: str, keyspace: KeySpace) -> None:
+    crawler = _crawler(redis_url, keyspace, PlainSpider)
+
+    async def main() -> None:
+        scheduler = build_from_crawler(FleetScheduler, crawler)
+        with pytest.raises(NotConfigured, match="FleetSpider"):
+            await maybe_deferred_to_future(scheduler.open(crawler.spider))
+
+    asyncio.run(main())
+
+
+# -- the retry middleware ------------------------------------------------------------------------
+
+
+def _leased(url: str, **meta: Any) -> Request:
+    return Request(url, meta={LEASE_META_KEY: True, **meta})
+
+
+def test_retry_middleware_sends_a_failure_back_to_redis_with_a_pause(
+    redis_url: str, keyspace: KeySpace
+) -> None:
+    crawler = _crawler(redis_url, keyspace, FRONTIER_RETRY_TIMES=1)
+    middleware = build_from_crawler(FrontierRetryMiddleware, crawler)
+    request = _leased("http://shop.test/p")
+    busy = Response(request.url, status=429, headers={"Retry-After": "7"}, request=request)
+    with pytest.raises(IgnoreRequest, match="retry scheduled after HTTP 429"):
+        middleware.process_response(request, busy)
+    outcome = request.meta[OUTCOME_META_KEY]
+    assert (outcome["action"], outcome["pause"]) == ("retry", 7.0)
+    assert outcome["delay"] >= 7.0
+    # The second failure is the last one: a dead letter, and the response goes on.
+    again = middleware.process_response(request, busy)
+    assert again is busy
+    dead = {"action": "dead", "error": "HTTP 429", "attempts": 2, "pause": 7.0}
+    assert request.meta[OUTCOME_META_KEY] == dead, "the site still pauses"
+    assert crawler.stats.get_value("frontier/retry/max_reached") == 1
+
+
+def test_retry_middleware_leaves_requests_it_did_not_lease_alone(
+    redis_url: str, keyspace: KeySpace
+) -> None:
+    middleware = build_from_crawler(FrontierRetryMiddleware, _crawler(redis_url, keyspace))
+    robots = Request("http://shop.test/robots.txt", meta={"dont_obey_robotstxt": True})
+    failed = Response(robots.url, status=503, request=robots)
+    assert middleware.process_response(robots, failed) is failed
+    assert OUTCOME_META_KEY not in robots.meta
+
+
+# -- the robots.txt cache -----------------------------------------------------------------------
+
+
+def test_robots_txt_is_fetched_once_for_the_fleet_and_its_crawl_delay_caps_the_site(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
+) -> None:
+    body = b"User-agent: *\nCrawl-delay: 0.5\nDisallow: /private\n"
+
+    async def main() -> None:
+        nodes = []
+        for _ in range(2):
+            crawler = _crawler(redis_url, keyspace)
+            middleware = build_from_crawler(RobotsCacheMiddleware, crawler)
+            middleware.spider_opened(crawler.spider)
+            nodes.append(middleware)
+        first, second = nodes
+
+        def robots() -> Request:  # what RobotsTxtMiddleware downloads
+            return Request("http://shop.test/robots.txt", meta={"dont_obey_robotstxt": True})
+
+        fetched = robots()
+        assert await first.process_request(fetched) is None, "no copy yet: node one fetches it"
+        # Node two waits for node one's copy instead of fetching it too.
+        waiting = asyncio.ensure_future(second.process_request(robots()))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await first.process_response(fetched, Response(fetched.url, body=body, request=fetched))
+        cached = await asyncio.wait_for(waiting, 5)
+        assert isinstance(cached, Response)
+        assert (cached.status, cached.body, cached.flags) == (200, body, [CACHED_FLAG])
+        # Scrapy's middleware parses it and sends robots_parsed; the rate follows Crawl-delay.
+        await second.robots_parsed(ProtegoRobotParser(body, None), Request("http://shop.test/x"))
+        for middleware in nodes:
+            await middleware.spider_closed(middleware.crawler.spider)
+
+    asyncio.run(main())
+    assert json.loads(redis_client.hget(keys.robots, "shop.test"))["status"] == 200
+    assert redis_client.hget(keys.limits, "shop.test") == b"2.0 0"
+    assert not redis_client.exists(keys.robots_lock("shop.test"))
+
+
+def test_robots_cache_is_off_without_robotstxt_obey(redis_url: str, keyspace: KeySpace) -> None:
+    crawler = _crawler(redis_url, keyspace, ROBOTSTXT_OBEY=False)
+    with pytest.raises(NotConfigured):
+        build_from_crawler(RobotsCacheMiddleware, crawler)
+
+
+def test_protego_agrees_with_the_parser_scrapy_builds() -> None:
+    body = "User-agent: *\nCrawl-delay: 0.5\n"
+    parser = ProtegoRobotParser(body.encode(), None)
+    assert parser.crawl_delay("fleetcrawl") == Protego.parse(body).crawl_delay("fleetcrawl")
+
+
+# -- every Config ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [SiteLimits, KeyTemplates, RobotsConfig, MonitorConfig, StatsFileConfig],
+)
+def test_a_config_read_from_empty_settings_is_its_defaults(cls: type) -> None:
+    assert cls.from_settings(Settings()) == cls()
+
+
+def test_frontier_config_defaults_and_what_it_computes() -> None:
+    config = FrontierConfig.from_settings(Settings({"CONCURRENT_REQUESTS": 16}))
+    assert config.lease_seconds == 60.0
+    assert config.heartbeat_seconds == 15.0, "a quarter of the lease"
+    assert config.limits == SiteLimits()
+    assert config.limits.concurrency == 32
+    assert config.node_id.count(":") == 2
+    assert config.site_caps() == {"*": "0.0 32"}
+
+
+def test_frontier_config_reads_the_settings_a_node_is_given(redis_url: str, keyspace) -> None:
+    crawler = _crawler(
+        redis_url,
+        keyspace,
+        FRONTIER_LEASE_SECONDS="8",
+        FLEET_SITE_LIMITS='{"Shop.Test": {"rate": 2}}',
+        CONCURRENT_REQUESTS=4,
+    )
+    config = FrontierConfig.from_settings(crawler.settings)
+    assert (config.lease_seconds, config.heartbeat_seconds, config.concurrency) == (8.0, 2.0, 4)
+    assert config.redis_url == redis_url
+    assert config.site_caps()["shop.test"] == "2.0 0"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"FRONTIER_LEASE_SECONDS": 10, "FRONTIER_HEARTBEAT_SECONDS": 10}, "below"),
+        ({"FRONTIER_BATCH_MAX": 0}, "FRONTIER_BATCH_MAX"),
+        ({"FLEET_SITE_KEY": "path"}, "FLEET_SITE_KEY"),
+        ({"FRONTIER_NODE_ID": "a\nb"}, "newline"),
+        ({"FRONTIER_LEASE_SECONDS": "soon"}, "FRONTIER_LEASE_SECONDS"),
+        ({"FLEET_SITE_CONCURRENCY": -1}, "FLEET_SITE_CONCURRENCY"),
+        ({"FLEET_SITE_LIMITS": {"a": {"speed": 1}}}, "FLEET_SITE_LIMITS"),
+        ({"FLEET_SITE_LIMITS": "not json"}, "FLEET_SITE_LIMITS"),
+    ],
+)
+def test_frontier_config_refuses_what_cannot_work(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(NotConfigured, match=message):
+        FrontierConfig.from_settings(Settings({"CONCURRENT_REQUESTS": 16, **settings}))
+
+
+def test_retry_config_reads_codes_and_exceptions() -> None:
+    config = RetryConfig.from_settings(
+        Settings(
+            {
+                "FRONTIER_RETRY_HTTP_CODES": "500,503",
+                "RETRY_EXCEPTIONS": ["builtins.TimeoutError"],
+            }
+        )
+    )
+    assert (config.http_codes, config.exceptions) == ([500, 503], (TimeoutError,))
+    with pytest.raises(NotConfigured, match="FRONTIER_RETRY_HTTP_CODES"):
+        RetryConfig.from_settings(Settings({"FRONTIER_RETRY_HTTP_CODES": "5xx"}))
+
+
+def test_key_templates_follow_the_scrapy_redis_settings() -> None:
+    settings = Settings(
+        {"SCHEDULER_QUEUE_KEY": "q:%(spider)s", "REDIS_START_URLS_KEY": "seeds:%(name)s"}
+    )
+    keys = FrontierKeys.from_settings(settings, "books")
+    assert (keys.queue, keys.start_urls, keys.dupefilter) == (
+        "q:books",
+        "seeds:books",
+        "books:dupefilter",
+    )
+    assert (keys.inflight, keys.site_queue("a.test")) == ("books:inflight", "{q:books}:a.test")
+
+
+def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
+    redis_url: str, keyspace: KeySpace
+) -> None:
+    settings = _crawler(redis_url, keyspace).settings
+    rendering = RenderingConfig.from_settings(settings)
+    assert (rendering.max_contexts, rendering.max_pages_per_context) == (1, 4)
+    assert MongoConfig.from_settings(settings, spider_name="products").database == "fleetcrawl"
+    assert MonitorConfig.from_settings(settings).redis_url == redis_url
+    assert FrontierKeys.from_settings(settings, "products") == keyspace.keys("products")
