@@ -36,7 +36,9 @@ class FleetSpider(RedisSpider):  # type: ignore[misc]
         """Validate a raw seed and build its request; raises InvalidSeed."""
         limit = getattr(self, "_seed_max_bytes", None)
         if limit is None:
-            limit = self._seed_max_bytes = FrontierConfig.from_settings(self.settings).seed_max_bytes
+            limit = self._seed_max_bytes = FrontierConfig.from_settings(
+                self.settings
+            ).seed_max_bytes
         seed = parse_seed(raw, limit)
         return self.make_request_from_seed(seed)
 
