@@ -65,11 +65,8 @@ class KeySpace:
         return [arg for name, value in self.settings.items() for arg in ("-s", f"{name}={value}")]
 
     def existing(self, client: redis.Redis) -> list[bytes]:
-        """Every key of this space (site queues carry the prefix inside a hash tag)."""
-        return [
-            *client.scan_iter(match=f"{self.prefix}:*", count=1000),
-            *client.scan_iter(match=f"{{{self.prefix}:*", count=1000),
-        ]
+        """Every key of this space."""
+        return list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
 
     def delete(self, client: redis.Redis) -> None:
         found = self.existing(client)

@@ -232,8 +232,35 @@ def test_robots_txt_is_fetched_once_for_the_fleet_and_its_crawl_delay_caps_the_s
 
     asyncio.run(main())
     assert json.loads(redis_client.hget(keys.robots, "shop.test"))["status"] == 200
-    assert redis_client.hget(keys.limits, "shop.test") == b"2.0 0"
+    # the site keeps the fleet's concurrency cap (FLEET_SITE_CONCURRENCY) under its new rate
+    assert redis_client.hget(keys.limits, "shop.test") == b"2.0 32"
     assert not redis_client.exists(keys.robots_lock("shop.test"))
+
+
+def test_a_redirected_robots_txt_is_cached_for_the_site_that_asked(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
+) -> None:
+    async def main() -> None:
+        crawler = _crawler(redis_url, keyspace)
+        middleware = build_from_crawler(RobotsCacheMiddleware, crawler)
+        middleware.spider_opened(crawler.spider)
+        asked = Request("http://shop.test/robots.txt", meta={"dont_obey_robotstxt": True})
+        assert await middleware.process_request(asked) is None
+        moved = Response(asked.url, status=301, headers={"Location": "https://www.shop.test/r"})
+        assert await middleware.process_response(asked, moved) is moved, "not stored yet"
+        # RedirectMiddleware follows it with the same meta, to another host and path.
+        followed = asked.replace(url="https://www.shop.test/r")
+        assert await middleware.process_request(followed) is None
+        body = b"User-agent: *\nDisallow: /x\n"
+        await middleware.process_response(followed, Response(followed.url, body=body))
+        await middleware.spider_closed(crawler.spider)
+
+    asyncio.run(main())
+    assert (
+        json.loads(redis_client.hget(keys.robots, "shop.test"))["body"]
+        == "User-agent: *\nDisallow: /x\n"
+    )
+    assert not redis_client.exists(keys.robots_lock("shop.test")), "the lock was released"
 
 
 def test_robots_cache_is_off_without_robotstxt_obey(redis_url: str, keyspace: KeySpace) -> None:
@@ -253,10 +280,17 @@ def test_protego_agrees_with_the_parser_scrapy_builds() -> None:
 
 @pytest.mark.parametrize(
     "cls",
-    [SiteLimits, KeyTemplates, RobotsConfig, MonitorConfig, StatsFileConfig],
+    [SiteLimits, KeyTemplates, MonitorConfig, StatsFileConfig],
 )
 def test_a_config_read_from_empty_settings_is_its_defaults(cls: type) -> None:
     assert cls.from_settings(Settings()) == cls()
+
+
+def test_robots_config_takes_scrapys_user_agent_and_the_fleets_concurrency() -> None:
+    config = RobotsConfig.from_settings(Settings({"FLEET_SITE_CONCURRENCY": 5}))
+    assert (config.max_age, config.lock_seconds, config.concurrency) == (86400.0, 30.0, 5)
+    assert config.user_agent.startswith("Scrapy/")
+    assert RobotsConfig.from_settings(Settings({"ROBOTSTXT_USER_AGENT": "me"})).user_agent == "me"
 
 
 def test_frontier_config_defaults_and_what_it_computes() -> None:
@@ -325,7 +359,7 @@ def test_key_templates_follow_the_scrapy_redis_settings() -> None:
         "seeds:books",
         "books:dupefilter",
     )
-    assert (keys.inflight, keys.site_queue("a.test")) == ("books:inflight", "{q:books}:a.test")
+    assert (keys.inflight, keys.site_queue("a.test")) == ("books:inflight", "q:books:a.test")
 
 
 def test_every_config_of_a_node_is_read_from_the_add_ons_settings(

@@ -347,27 +347,61 @@ def test_heartbeat_script_declares_every_key_it_uses() -> None:
     script.keys_from(FrontierKeys.for_spider("products"))
 
 
-@pytest.mark.parametrize("queue", ["products:requests", "{products:start_urls}:requests"])
-def test_site_queues_share_the_queue_keys_hash_slot(
-    redis_client: sync_redis.Redis, keys: FrontierKeys, queue: str
+@pytest.mark.parametrize(
+    ("queue", "slot_tag"),
+    [("products:requests", None), ("{products:start_urls}:requests", "products:start_urls")],
+)
+def test_site_queues_are_built_from_the_queue_key_and_share_its_hash_tag(
+    redis_client: sync_redis.Redis, keys: FrontierKeys, queue: str, slot_tag: str | None
 ) -> None:
-    """Python's site_queue() builds what lib/site_queues.lua builds, in the queue key's slot."""
+    """Python's site_queue() builds what lib/site_queues.lua builds; a tagged queue key
+    (Redis Cluster) keeps every site queue in its slot."""
     built = dataclasses.replace(keys, queue=queue)
     lib = lua.FOLDER / "lib"
     script = "local K = {queue = KEYS[1]}\n" + (lib / "chunked.lua").read_text()
     script += (lib / "site_queues.lua").read_text() + "\nreturn site_key(ARGV[1])"
     from_lua = redis_client.eval(script, 1, queue, "shop.test:8080").decode()
-    assert from_lua == built.site_queue("shop.test:8080")
-    tag = hash_tag(from_lua)
-    assert tag is not None
-    assert (hash_tag(queue) or queue) == tag
+    assert from_lua == built.site_queue("shop.test:8080") == f"{queue}:shop.test:8080"
+    assert hash_tag(from_lua) == hash_tag(queue) == slot_tag
 
 
-@pytest.mark.parametrize("template", ["%(spider)s{}:requests", "%(spider)s}:requests"])
-def test_a_queue_key_with_braces_but_no_hash_tag_is_refused(template: str) -> None:
-    from scrapy.exceptions import NotConfigured
+# -- the layout upgrade ---------------------------------------------------------------------------
 
-    from project.frontier.keys import KeyTemplates
 
-    with pytest.raises(NotConfigured, match="SCHEDULER_QUEUE_KEY"):
-        FrontierKeys.for_spider("products", KeyTemplates(queue=template))
+def test_leases_and_retries_of_an_older_layout_get_their_site_once(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """Layout 1 left the site out of in-flight and delayed members: they get it, once."""
+    from project.frontier.layout import LAYOUT_VERSION, ensure_layout
+
+    old_lease = b'node-x\nR{"url":"http://shop.test/1","priority":3}'
+    old_ip_lease = b'node-x\nR{"site":"10.0.0.9","url":"http://a.test/2"}'
+    old_seed = b"node-x\nShttp://shop.test/"
+    old_retry = b'{"url":"http://Shop.Test:8080/3"}'
+    redis_client.zadd(keys.inflight, {old_lease: 1, old_ip_lease: 1, old_seed: 1})
+    redis_client.zadd(keys.delayed, {old_retry: 1})
+
+    async def upgrade() -> list[int]:
+        client = redis.asyncio.from_url(redis_url)
+        try:
+            return [await ensure_layout(client, keys), await ensure_layout(client, keys)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(upgrade()) == [3, 0], "three members rewritten, then nothing to do"
+    assert redis_client.get(keys.layout) == str(LAYOUT_VERSION).encode()
+    assert set(redis_client.zrange(keys.inflight, 0, -1)) == {
+        b'node-x\nRshop.test\n{"url":"http://shop.test/1","priority":3}',
+        b'node-x\nR10.0.0.9\n{"site":"10.0.0.9","url":"http://a.test/2"}',
+        old_seed,
+    }
+    assert redis_client.zrange(keys.delayed, 0, -1) == [b"shop.test:8080\n" + old_retry]
+
+    async def reap(a: LeasedQueue, _: LeasedQueue) -> None:
+        assert (await a.step(StepBatch(maintain=True))).reaped == 3
+
+    run(redis_url, keys, reap)
+    assert redis_client.zcard(keys.site_queue("shop.test")) == 1
+    assert redis_client.zcard(keys.site_queue("10.0.0.9")) == 1
+    assert redis_client.zcard(keys.site_queue("shop.test:8080")) == 1, "the retry was due"
+    assert redis_client.llen(keys.start_urls) == 1

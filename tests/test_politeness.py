@@ -41,7 +41,7 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     assert max(rates) <= limit * 1.1 + 1, rates
     assert abs(statistics.mean(rates) - limit) <= limit * 0.1, rates
     # Whichever node asks first when tokens come due gets them: the split varies, but all work.
-    assert all(fleet.stat(i, "downloader/response_count") > 0 for i in range(3))
+    assert all(fleet.stat(i, "frontier/dispatched") > 0 for i in range(3))
     with redis.Redis.from_url(redis_url) as client:
         (site,) = frontier_snapshot(client, fleet.keys)["sites"]
     assert site["site"] == urlsplit(shop.url("/")).netloc

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy.exceptions import NotConfigured
 from scrapy_redis import defaults
 
 from project.config import read_settings, setting
@@ -50,8 +49,8 @@ class FrontierKeys:
     """Redis keys of one spider: scrapy-redis' names for the queue, seen-set and
     seeds, and ``<prefix>:<name>`` for everything else.
 
-    A site's queue (:meth:`site_queue`) carries the queue key's hash tag, or the
-    queue key as its tag, so it lives in the queue key's slot.
+    A site's queue (:meth:`site_queue`) is built from the queue key, so it shares
+    the queue key's hash slot whenever that key carries a hash tag.
     """
 
     spider: str
@@ -76,6 +75,7 @@ class FrontierKeys:
     alive: str
     history: str
     history_leader: str
+    layout: str
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -92,18 +92,12 @@ class FrontierKeys:
             for name in (
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
-                "history",
+                "history", "layout",
             )
         }  # fmt: skip
-        queue = t.queue % {"spider": spider}
-        if hash_tag(queue) is None and ("{" in queue or "}" in queue):
-            raise NotConfigured(
-                f"SCHEDULER_QUEUE_KEY gives {queue!r}: braces without a hash tag such as"
-                " {products} leave no way to keep the site queues in the queue key's slot"
-            )
         return cls(
             spider=spider,
-            queue=queue,
+            queue=t.queue % {"spider": spider},
             dupefilter=t.dupefilter % {"spider": spider},
             start_urls=t.start_urls % {"name": spider},
             history_leader=f"{prefix}:history:leader",
@@ -112,9 +106,7 @@ class FrontierKeys:
 
     def site_queue(self, site: str) -> str:
         """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""
-        if hash_tag(self.queue) is not None:
-            return f"{self.queue}:{site}"
-        return f"{{{self.queue}}}:{site}"
+        return f"{self.queue}:{site}"
 
     def robots_lock(self, netloc: str) -> str:
         """The lock one node holds while it fetches *netloc*'s robots.txt for the fleet."""

@@ -338,12 +338,11 @@ class FrontierLoop:
         return moved
 
     async def _key_by_ip(self, batch: StepBatch, resolver: SiteResolver) -> None:
-        """Sites named by IP. Retries keep the site their lease was granted under."""
+        """Sites named by IP. Retries and pauses keep the site their lease was granted under."""
         batch.enqueue = [
             (fp, await resolver.resolve(site), priority, payload)
             for fp, site, priority, payload in batch.enqueue
         ]
-        batch.pauses = [(await resolver.resolve(site), ms) for site, ms in batch.pauses]
         batch.latency = [(await resolver.resolve(s), total, n) for s, total, n in batch.latency]
 
     def _count(self, key: str, n: int) -> None:

@@ -155,7 +155,12 @@ class LeasedQueue(Base):  # type: ignore[misc]
             added=int(added),
             duplicates=int(dupes),
             leased=[
-                Leased(leased[j].decode(), leased[j + 1], float(leased[j + 2]))
+                # A site is what the node enqueued; bytes that are not UTF-8 survive as written.
+                Leased(
+                    leased[j].decode("utf-8", "surrogateescape"),
+                    leased[j + 1],
+                    float(leased[j + 2]),
+                )
                 for j in range(0, len(leased), 3)
             ],
             seeds=list(seeds),
@@ -176,7 +181,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
     def request_member(self, site: str, payload: bytes) -> bytes:
         """The in-flight member under which this node holds *payload* of *site*."""
-        return self.member_prefix + b"R" + site.encode() + b"\n" + payload
+        return self.member_prefix + b"R" + site.encode("utf-8", "surrogateescape") + b"\n" + payload
 
     def seed_member(self, raw: bytes) -> bytes:
         """The in-flight member under which this node holds the raw seed *raw*."""

@@ -26,7 +26,7 @@ from scrapy.http import Response
 from scrapy.utils.httpobj import urlparse_cached
 
 from project.config import read_settings, setting
-from project.frontier.config import FrontierConfig
+from project.frontier.config import FrontierConfig, SiteLimits
 from project.frontier.keys import FrontierKeys
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 #: Flag of a robots.txt response that came from the fleet's cache.
 CACHED_FLAG = "fleet-robots-cache"
 _LOCK_META_KEY = "_fleet_robots_lock"
+# The site whose robots.txt a request fetches: meta survives redirects, so a copy that came
+# from https://www.shop/robots.txt is still the one of http://shop.
+_SITE_META_KEY = "_fleet_robots_site"
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,21 @@ class RobotsConfig:
 
     max_age: float = setting("ROBOTSTXT_CACHE_SECONDS", 86400.0)
     lock_seconds: float = setting("ROBOTSTXT_LOCK_SECONDS", 30.0)
+    #: Scrapy's ROBOTSTXT_USER_AGENT, else USER_AGENT: whose Crawl-delay applies.
+    user_agent: str = ""
+    #: FLEET_SITE_CONCURRENCY: the cap a site keeps when its Crawl-delay sets its rate.
+    concurrency: int = 0
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
-        return cls(**read_settings(cls, settings))
+        return cls(
+            **read_settings(
+                cls,
+                settings,
+                user_agent=settings.get("ROBOTSTXT_USER_AGENT") or settings.get("USER_AGENT"),
+                concurrency=SiteLimits.from_settings(settings).concurrency,
+            )
+        )
 
 
 def _is_robots_fetch(request: Request) -> bool:
@@ -70,14 +84,11 @@ def _is_robots_fetch(request: Request) -> bool:
 class RobotsCacheMiddleware:
     """Downloader middleware: robots.txt from the fleet's Redis cache, fetched once per fleet."""
 
-    def __init__(
-        self, crawler: Crawler, config: RobotsConfig, redis_url: str, user_agent: str
-    ) -> None:
+    def __init__(self, crawler: Crawler, config: RobotsConfig, redis_url: str) -> None:
         assert crawler.stats is not None
         self.crawler = crawler
         self.config = config
         self.redis_url = redis_url
-        self.user_agent = user_agent
         self.stats: StatsCollector = crawler.stats
         self._server: redis.asyncio.Redis | None = None
         self._keys: FrontierKeys | None = None
@@ -91,7 +102,6 @@ class RobotsCacheMiddleware:
             crawler,
             RobotsConfig.from_settings(settings),
             FrontierConfig.from_settings(settings).redis_url,
-            settings.get("ROBOTSTXT_USER_AGENT") or settings.get("USER_AGENT"),
         )
         crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
@@ -108,9 +118,10 @@ class RobotsCacheMiddleware:
 
     async def process_request(self, request: Request) -> Response | None:
         """A cached copy, or None after taking the fleet's fetch lock (or giving up on it)."""
-        if not _is_robots_fetch(request) or self._server is None or _LOCK_META_KEY in request.meta:
-            return None
+        if not _is_robots_fetch(request) or self._server is None or _SITE_META_KEY in request.meta:
+            return None  # not robots.txt, no Redis, or a redirect of a fetch under way
         netloc = urlparse_cached(request).netloc
+        request.meta[_SITE_META_KEY] = netloc
         try:
             cached = await self._cached(request, netloc)
             if cached is not None:
@@ -135,8 +146,9 @@ class RobotsCacheMiddleware:
 
     async def process_response(self, request: Request, response: Response) -> Response:
         """Store a fetched robots.txt for the fleet and release the lock."""
-        if not _is_robots_fetch(request) or CACHED_FLAG in response.flags:
-            return response
+        site = request.meta.get(_SITE_META_KEY)
+        if site is None or CACHED_FLAG in response.flags or 300 <= response.status < 400:
+            return response  # not ours, from the cache, or a redirect still to be followed
         lock = request.meta.pop(_LOCK_META_KEY, None)
         if self._server is not None and self._keys is not None:
             entry = {
@@ -145,9 +157,7 @@ class RobotsCacheMiddleware:
                 "body": response.body.decode("utf-8", "replace"),
             }
             try:
-                await self._server.hset(
-                    self._keys.robots, urlparse_cached(request).netloc, json.dumps(entry)
-                )
+                await self._server.hset(self._keys.robots, site, json.dumps(entry))
             except RedisError as exc:
                 logger.warning("Cannot share robots.txt of %s (%s)", request.url, exc)
         if lock is not None:
@@ -179,14 +189,15 @@ class RobotsCacheMiddleware:
 
     async def robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
         """Crawl-delay caps the site's fleet-wide rate at one request per delay."""
-        delay = robotparser.crawl_delay(self.user_agent)
+        delay = robotparser.crawl_delay(self.config.user_agent)
         if not delay or self._server is None or self._keys is None:
             return
         site = urlparse_cached(request).netloc.lower()
         rate = 1.0 / float(delay)
         try:
             current: Any = await self._server.hget(self._keys.limits, site)
-            cap, concurrency = current.decode().split() if current else ("0", "0")
+            default = ("0", str(self.config.concurrency))
+            cap, concurrency = current.decode().split() if current else default
             if float(cap) <= 0 or rate < float(cap):
                 await self._server.hset(self._keys.limits, site, f"{rate} {concurrency}")
                 logger.info(

@@ -15,6 +15,7 @@ from scrapy_redis.scheduler import Scheduler
 from project.frontier.config import FrontierConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import FrontierKeys, KeyTemplates
+from project.frontier.layout import ensure_layout
 from project.frontier.loop import LEASE_META_KEY, FrontierLoop
 from project.frontier.queue import LeasedQueue
 from project.frontier.sites import site_of
@@ -103,6 +104,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             config.lease_seconds,
             extra={"spider": spider},
         )
+        await ensure_layout(self.server, self.keys)
         # "*" records this fleet's defaults for status readers; the Lua
         # scripts take the defaults from each node's own settings.
         await self.server.hset(self.keys.limits, mapping=config.site_caps())  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from project.ops.services import ServiceError
+from project.ops.processes import ServiceError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import ipaddress
 import logging
 import os
@@ -31,6 +30,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from project.ops.install import ensure_ferretdb, ensure_redis_server
+from project.ops.processes import (
+    ServiceError,
+    check_port_free,
+    free_port,
+    is_service_process,
+    log_tail,
+    netloc,
+    pid_alive,
+    terminate,
+    write_private,
+)
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -56,12 +67,7 @@ SERVICE_NAMES: Final = ("redis", "mongo")
 
 _EXECUTABLES: Final = {"redis": "redis-server", "mongo": "ferretdb"}
 _DIRECTORIES: Final = {"redis": "redis", "mongo": "ferretdb"}
-_LOG_TAIL_LINES: Final = 20
 _MAX_PORT: Final = 65535
-
-
-class ServiceError(RuntimeError):
-    """A local service cannot be installed, started, reached or stopped."""
 
 
 class _NotReadyError(Exception):
@@ -109,12 +115,12 @@ class ServicesConfig:
     def redis_url(self) -> str:
         """Client URL of the local Redis, with the password when one is set."""
         auth = f":{quote(self.redis_password, safe='')}@" if self.redis_password else ""
-        return f"redis://{auth}{_netloc(self.host, self.redis_port)}/0"
+        return f"redis://{auth}{netloc(self.host, self.redis_port)}/0"
 
     @property
     def mongo_url(self) -> str:
         """Client URL of the local FerretDB."""
-        return f"mongodb://{_netloc(self.host, self.mongo_port)}/"
+        return f"mongodb://{netloc(self.host, self.mongo_port)}/"
 
 
 @dataclass(frozen=True)
@@ -188,46 +194,7 @@ def _layout(cfg: ServicesConfig, name: str) -> _Layout:
     )
 
 
-def _netloc(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 # --- processes -------------------------------------------------------------
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child: ask /proc
-    else:
-        return reaped == 0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
-
-
-def _is_service_process(pid: int, executable: str) -> bool:
-    if not _pid_alive(pid):
-        return False
-    try:
-        argv0 = (
-            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        )
-    except OSError:
-        return False
-    # redis-server rewrites its title to "<argv0> 127.0.0.1:6379".
-    return executable in (Path(argv0).name, Path(argv0.split(" ", 1)[0]).name)
 
 
 def _read_pid(layout: _Layout) -> int | None:
@@ -251,7 +218,7 @@ def _read_pid(layout: _Layout) -> int | None:
 def _live_pid(layout: _Layout) -> int | None:
     """The pid in the pidfile if it is our server; a stale pidfile is removed."""
     pid = _read_pid(layout)
-    if pid is not None and not _is_service_process(pid, layout.executable):
+    if pid is not None and not is_service_process(pid, layout.executable):
         logger.warning(
             "removing stale pidfile %s: pid %d is not a running %s",
             layout.pid_file,
@@ -261,55 +228,6 @@ def _live_pid(layout: _Layout) -> int | None:
         layout.pid_file.unlink(missing_ok=True)
         return None
     return pid
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _terminate(name: str, pid: int, timeout: float) -> None:
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError as exc:
-            raise ServiceError(f"cannot stop {name}: not allowed to signal pid {pid}") from exc
-        if _wait_gone(pid, wait):
-            return
-        logger.warning("%s (pid %d) still runs %gs after %s", name, pid, wait, sig.name)
-    raise ServiceError(f"cannot stop {name}: pid {pid} survived SIGKILL")
-
-
-def _log_tail(path: Path, offset: int = 0) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            text = handle.read().decode(errors="replace")
-    except OSError as exc:
-        return f"(cannot read {path}: {exc})"
-    lines = text.rstrip().splitlines()[-_LOG_TAIL_LINES:]
-    return "\n".join(f"    {line}" for line in lines) if lines else "    (log is empty)"
-
-
-def _check_port_free(name: str, host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                problem = f"port {port} on {host} is already in use by another process"
-                raise ServiceError(f"cannot start {name}: {problem}") from exc
-            raise ServiceError(
-                f"cannot start {name}: cannot bind {host}:{port}: {exc.strerror}"
-            ) from exc
 
 
 # --- probes ----------------------------------------------------------------
@@ -322,7 +240,7 @@ def _reply(exc: redis.RedisError) -> str:
 
 
 def _probe_redis(cfg: ServicesConfig) -> None:
-    where = _netloc(cfg.host, cfg.redis_port)
+    where = netloc(cfg.host, cfg.redis_port)
     client = redis.Redis(
         cfg.host,
         cfg.redis_port,
@@ -356,7 +274,7 @@ def _probe_redis(cfg: ServicesConfig) -> None:
 
 
 def _probe_mongo(cfg: ServicesConfig) -> None:
-    where = _netloc(cfg.host, cfg.mongo_port)
+    where = netloc(cfg.host, cfg.mongo_port)
     try:
         socket.create_connection((cfg.host, cfg.mongo_port), timeout=2.0).close()
     except OSError as exc:
@@ -387,10 +305,10 @@ _PROBES: Final[dict[str, Callable[[ServicesConfig], None]]] = {
 def _wait_until_answering(
     cfg: ServicesConfig, layout: _Layout, pid: int, log_offset: int = 0
 ) -> None:
-    where = _netloc(cfg.host, layout.port)
+    where = netloc(cfg.host, layout.port)
     deadline = time.monotonic() + cfg.start_timeout
     while True:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             problem = f"exited before answering on {where}"
             break
         try:
@@ -404,7 +322,7 @@ def _wait_until_answering(
         time.sleep(0.1)
     raise ServiceError(
         f"{layout.name} ({layout.executable}, pid {pid}) {problem}; "
-        f"last lines of {layout.log_file}:\n{_log_tail(layout.log_file, log_offset)}"
+        f"last lines of {layout.log_file}:\n{log_tail(layout.log_file, log_offset)}"
     )
 
 
@@ -419,15 +337,6 @@ def _redis_quote(value: str) -> str:
         for char in value
     )
     return f'"{escaped}"'
-
-
-def _write_private(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)
-        handle.write(text)
-    partial.replace(path)
 
 
 def _redis_config(cfg: ServicesConfig, layout: _Layout) -> str:
@@ -449,7 +358,7 @@ def _redis_config(cfg: ServicesConfig, layout: _Layout) -> str:
 
 
 def _launch(cfg: ServicesConfig, layout: _Layout, argv: Sequence[str]) -> ServiceInfo:
-    _check_port_free(layout.name, cfg.host, layout.port)
+    check_port_free(layout.name, cfg.host, layout.port)
     started = time.monotonic()
     with layout.log_file.open("ab") as log:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
@@ -477,7 +386,7 @@ def _launch(cfg: ServicesConfig, layout: _Layout, argv: Sequence[str]) -> Servic
     try:
         _wait_until_answering(cfg, layout, pid, offset)
     except ServiceError:
-        _terminate(layout.name, pid, cfg.stop_timeout)
+        terminate(layout.name, pid, cfg.stop_timeout)
         layout.pid_file.unlink(missing_ok=True)
         raise
     elapsed = time.monotonic() - started
@@ -513,8 +422,6 @@ def _make_dirs(layout: _Layout) -> None:
 
 def start_redis(cfg: ServicesConfig) -> ServiceInfo:
     """Start Redis (AOF on, loopback only) unless it already runs; wait until it answers PING."""
-    # Imported here: project.ops.install imports ServiceError from this module.
-    from project.ops.install import ensure_redis_server
 
     layout = _layout(cfg, "redis")
     running = _running(cfg, layout)
@@ -524,14 +431,12 @@ def start_redis(cfg: ServicesConfig) -> ServiceInfo:
     _make_dirs(layout)
     config = layout.directory / "redis.conf"
     # The password goes into a 0600 file, never onto a command line.
-    _write_private(config, _redis_config(cfg, layout))
+    write_private(config, _redis_config(cfg, layout))
     return _launch(cfg, layout, [str(executable), str(config)])
 
 
 def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
     """Start FerretDB on SQLite (loopback only) unless it already runs; wait for a ping."""
-    # Imported here: project.ops.install imports ServiceError from this module.
-    from project.ops.install import ensure_ferretdb
 
     layout = _layout(cfg, "mongo")
     running = _running(cfg, layout)
@@ -541,7 +446,7 @@ def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
     _make_dirs(layout)
     argv = [
         str(executable),
-        f"--listen-addr={_netloc(cfg.host, cfg.mongo_port)}",
+        f"--listen-addr={netloc(cfg.host, cfg.mongo_port)}",
         "--handler=sqlite",
         f"--sqlite-url=file:{quote(str(layout.data_dir))}/",
         f"--state-dir={layout.directory}",
@@ -558,7 +463,7 @@ def stop_service(cfg: ServicesConfig, name: str) -> bool:
     pid = _live_pid(layout)
     if pid is None:
         return False
-    _terminate(name, pid, cfg.stop_timeout)
+    terminate(name, pid, cfg.stop_timeout)
     layout.pid_file.unlink(missing_ok=True)
     logger.info("%s stopped: pid %d", name, pid)
     return True
@@ -573,7 +478,7 @@ def status(cfg: ServicesConfig) -> dict[str, ServiceStatus]:
         state, detail = "running", ""
         if pid is None:
             state = "stopped"
-        elif not _is_service_process(pid, layout.executable):
+        elif not is_service_process(pid, layout.executable):
             state, detail = (
                 "stale pidfile",
                 f"{layout.pid_file}: pid {pid} is not a running {layout.executable}",

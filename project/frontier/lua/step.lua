@@ -57,7 +57,7 @@ local opt = cjson.decode(ARGV[1])
 local n, limits = opt.counts, opt.limits
 local now = now_ms()
 local deadline = now + opt.lease_ms
-local at = 2
+local at = 2 -- ARGV[1] is the options; the sections start after it
 
 local added, dupes = enqueue(at, n.enqueue)
 at = at + n.enqueue * ENQUEUE_WIDTH

@@ -4,10 +4,10 @@
 
   Layout:
     <queue>                 the index of ready sites (K.queue), each scored by its best request
-    {<queue>}:<site>        one site's requests, scored -priority * PRIORITY_BAND + arrival,
-                            so the best priority comes first and equal priorities FIFO; the key
-                            carries the queue key's hash tag (or the queue key as one), so every
-                            site queue lives in the queue key's slot (Redis Cluster)
+    <queue>:<site>          one site's requests, scored -priority * PRIORITY_BAND + arrival,
+                            so the best priority comes first and equal priorities FIFO; built
+                            from the declared queue key, so when that key carries a hash tag
+                            (Redis Cluster) every site queue lives in its slot
     K.throttled             sites that must wait (tokens, concurrency, Retry-After), by wake time
 
   Needs KEYS: queue, throttled, seq, queued. Needs lib/chunked.lua.
@@ -15,20 +15,8 @@
 local PRIORITY_BAND = 1e10   -- one priority step outweighs 10^10 arrivals
 local PRIORITY_LIMIT = 100000 -- priorities are clamped so a score stays exact in a double
 
-local SITE_PREFIX
-do
-    -- Redis hashes the text between the first '{' and the next '}' when it is not empty.
-    local open = string.find(K.queue, '{', 1, true)
-    local close = open and string.find(K.queue, '}', open + 1, true)
-    if close and close > open + 1 then
-        SITE_PREFIX = K.queue .. ':'
-    else
-        SITE_PREFIX = '{' .. K.queue .. '}:'
-    end
-end
-
 local function site_key(site)
-    return SITE_PREFIX .. site
+    return K.queue .. ':' .. site
 end
 
 local function clamp_priority(priority)

@@ -12,6 +12,8 @@
 local REAP_BATCH = 1000     -- expired leases put back per step; the rest go next second
 local PROMOTE_BATCH = 1000  -- due retries put back per step
 local ADAPT_MIN_SAMPLES = 5 -- latency samples a site needs before its rate moves
+local NO_RATE_CAP = 1e9     -- requests/s standing for "no cap" when a site has none
+local MIN_LATENCY = 0.001   -- seconds: a faster mean would ask for an absurd rate
 
 local function adapt(limits)
     local samples = redis.call('HGETALL', K.lat_n)
@@ -19,7 +21,7 @@ local function adapt(limits)
         local site, n = samples[j], tonumber(samples[j + 1])
         if n >= ADAPT_MIN_SAMPLES then
             local avg = tonumber(redis.call('HGET', K.lat_sum, site) or 0) / n
-            local cap = 1e9
+            local cap = NO_RATE_CAP
             local limit = redis.call('HGET', K.limits, site)
             if limit then
                 local r = tonumber(string.match(limit, '^(%S+)'))
@@ -27,7 +29,7 @@ local function adapt(limits)
             elseif limits.rate > 0 then
                 cap = limits.rate
             end
-            local wanted = limits.target_concurrency / math.max(avg, 0.001)
+            local wanted = limits.target_concurrency / math.max(avg, MIN_LATENCY)
             local old = tonumber(redis.call('HGET', K.rates, site) or limits.start_rate)
             -- halfway to the wanted rate each time: smooth, yet quick to follow
             local rate = math.min(cap, math.max(limits.min_rate, (old + wanted) / 2))

@@ -1,0 +1,92 @@
+"""The frontier's data layout in Redis, and the upgrade of one an older fleetcrawl wrote.
+
+Layout 2 carries a request's site in its in-flight member (``<node>\\nR<site>\\n<payload>``)
+and in its delayed member (``<site>\\n<payload>``); layout 1 left it out and parsed it
+from the payload. The first node of a newer fleetcrawl rewrites the old members once,
+under a lock, and records the version in ``<prefix>:layout``; later starts cost one GET.
+Stop every node of the older version before starting the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from project.frontier.sites import site_of
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from project.frontier.keys import FrontierKeys
+
+__all__ = ["LAYOUT_VERSION", "ensure_layout"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 2
+_LOCK_SECONDS = 120.0  # long enough to rewrite a large delayed set
+_SCAN_COUNT = 1000
+
+
+def _site(payload: bytes) -> bytes:
+    """The site a layout-1 payload was queued under (its "site" field in FLEET_SITE_KEY=ip mode)."""
+    try:
+        doc = json.loads(payload)
+        site = doc.get("site") or site_of(str(doc.get("url", "")))
+    except (ValueError, AttributeError):
+        site = "_"
+    return str(site).encode("utf-8", "surrogateescape")
+
+
+def _upgraded_inflight(member: bytes) -> bytes | None:
+    node, sep, body = member.partition(b"\n")
+    if not sep or not body.startswith(b"R{"):
+        return None  # a seed, or already layout 2
+    payload = body[1:]
+    return node + b"\nR" + _site(payload) + b"\n" + payload
+
+
+def _upgraded_delayed(member: bytes) -> bytes | None:
+    if not member.startswith(b"{"):
+        return None
+    return _site(member) + b"\n" + member
+
+
+async def _rewrite(server: Redis, key: str, upgrade: Any) -> int:
+    rewritten = 0
+    async for member, score in server.zscan_iter(key, count=_SCAN_COUNT):
+        new = upgrade(member)
+        if new is None:
+            continue
+        async with server.pipeline(transaction=True) as pipe:
+            pipe.zrem(key, member)
+            pipe.zadd(key, {new: score})
+            await pipe.execute()
+        rewritten += 1
+    return rewritten
+
+
+async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
+    """Bring the spider's frontier to :data:`LAYOUT_VERSION`; returns the members rewritten."""
+    current = str(LAYOUT_VERSION).encode()
+    if await server.get(keys.layout) == current:
+        return 0
+    async with server.lock(
+        f"{keys.layout}:lock", timeout=_LOCK_SECONDS, blocking_timeout=_LOCK_SECONDS
+    ):
+        if await server.get(keys.layout) == current:
+            return 0
+        inflight = await _rewrite(server, keys.inflight, _upgraded_inflight)
+        delayed = await _rewrite(server, keys.delayed, _upgraded_delayed)
+        await server.set(keys.layout, current)
+    if inflight or delayed:
+        logger.warning(
+            "Upgraded the frontier of %s to layout %d: %d leases and %d delayed retries"
+            " now carry their site",
+            keys.spider,
+            LAYOUT_VERSION,
+            inflight,
+            delayed,
+        )
+    return inflight + delayed
