@@ -95,17 +95,21 @@ IN_PROCESS = {
 }
 
 
+def _seeded_crawl(redis_url: str, redis_client, keyspace: KeySpace, shop, **settings: Any):
+    """Seed the shop's home page and crawl it in this process, as one node."""
+    redis_client.lpush(keyspace.keys("products").start_urls, shop.url("/"))
+    settings = {"ADDONS": {FleetAddon: 0}, "REDIS_URL": redis_url, **keyspace.settings,
+                **IN_PROCESS, **settings}  # fmt: skip
+    crawler = get_crawler(ProductsSpider, settings)
+    _crawl(crawler)
+    return crawler
+
+
 def test_scheduler_runs_a_crawl_through_the_shared_frontier(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
 ) -> None:
     shop = make_shop(products=30)
-    redis_client.lpush(keys.start_urls, shop.url("/"))
-    crawler = get_crawler(
-        ProductsSpider,
-        {"ADDONS": {FleetAddon: 0}, "REDIS_URL": redis_url, "ROBOTSTXT_OBEY": True,
-         **keyspace.settings, **IN_PROCESS, "FRONTIER_NODE_ID": "unit"},
-    )  # fmt: skip
-    _crawl(crawler)
+    crawler = _seeded_crawl(redis_url, redis_client, keyspace, shop, FRONTIER_NODE_ID="unit")
 
     stats = crawler.stats.get_stats()
     hits = shop.stats()["hits"]
@@ -129,13 +133,9 @@ def test_scheduler_gives_unstarted_leases_back_when_it_closes(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
 ) -> None:
     shop = make_shop(products=200)
-    redis_client.lpush(keys.start_urls, shop.url("/"))
-    crawler = get_crawler(
-        ProductsSpider,
-        {"ADDONS": {FleetAddon: 0}, "REDIS_URL": redis_url, **keyspace.settings, **IN_PROCESS,
-         "CLOSESPIDER_PAGECOUNT": 5, "CONCURRENT_REQUESTS": 2},
-    )  # fmt: skip
-    _crawl(crawler)
+    crawler = _seeded_crawl(
+        redis_url, redis_client, keyspace, shop, CLOSESPIDER_PAGECOUNT=5, CONCURRENT_REQUESTS=2
+    )
 
     stats = crawler.stats.get_stats()
     assert stats["finish_reason"] == "closespider_pagecount"
