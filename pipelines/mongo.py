@@ -26,7 +26,9 @@ class MongoPipeline:
 
     Takes the ``Product`` that ``ValidationPipeline`` returns; a raw ``ProductItem`` (validation
     switched off) is validated here and dropped if invalid, without a reject record. Other items
-    pass unchanged.
+    pass unchanged. A product MongoDB cannot take is stored in rejects and dropped
+    (``ItemRejectedError``); one that neither MongoDB nor the journal took fails with
+    ``ItemNotStoredError``, so Scrapy reports an item error, not a scraped item.
     """
 
     def __init__(self, store: MongoStore) -> None:
@@ -34,12 +36,12 @@ class MongoPipeline:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> MongoPipeline:
-        """Build from the crawler's ``MONGO_*`` settings (``NotConfigured`` if they cannot work)."""
+        """Build from the crawler's ``MONGO_*`` settings (``StorageConfigError`` if they cannot work)."""
         return cls(MongoStore.from_crawler(crawler))
 
     async def open_spider(self) -> None:
-        """Connect (or start journaling when MongoDB is unreachable)."""
-        await self._store.open()
+        """Connect (or journal while MongoDB is unreachable); close the crawl if it cannot store."""
+        await self._store.open_for_crawl()
 
     async def close_spider(self) -> None:
         """Flush what is pending and disconnect."""

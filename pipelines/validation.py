@@ -12,7 +12,7 @@ from scrapy.exceptions import DropItem, NotConfigured
 
 from project.config import read_settings, setting
 from project.items import ProductItem
-from project.schema import Product, field_errors
+from project.schema import Product, canonical_product_url, field_errors
 from project.storage.store import MongoStore
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ class ValidationPipeline:
     """Turns each ``ProductItem`` into a validated ``Product``; other items pass unchanged.
 
     An invalid item is counted (``validation/dropped``, ``validation/errors/<field>``), stored
-    in the rejects collection with its reasons, and dropped.
+    in the rejects collection with its reasons, and dropped. A canonical link that is not on
+    the page's own site is replaced by the page URL (``validation/canonical/<why>``).
     """
 
     def __init__(self, stats: StatsCollector, store: MongoStore | None = None) -> None:
@@ -63,7 +64,7 @@ class ValidationPipeline:
     async def open_spider(self) -> None:
         """Open the shared store the rejects go to."""
         if self._store is not None:
-            await self._store.open()
+            await self._store.open_for_crawl()
 
     async def close_spider(self) -> None:
         """Release the shared store."""
@@ -89,4 +90,10 @@ class ValidationPipeline:
             )
             raise DropItem("invalid product {} ({})".format(data.get("url"), summary)) from exc
         self._stats.inc_value("validation/passed")
+        canonical = data.get("canonical_url")
+        why = (
+            canonical_product_url(product.url, canonical)[1] if isinstance(canonical, str) else None
+        )
+        if why is not None:
+            self._stats.inc_value(f"validation/canonical/{why}")
         return product

@@ -9,29 +9,37 @@ priority, so a project's own settings (``settings.py``, ``-s``) win::
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
+from scrapy.exceptions import NotConfigured
 from scrapy.extensions.remote_control import RemoteControl
 
 from pipelines.mongo import MongoPipeline
-from pipelines.validation import ValidationPipeline
-from project.config import exported_defaults
+from pipelines.validation import ValidationConfig, ValidationPipeline
+from project.config import FleetConfigError, exported_defaults
+from project.frontier.config import FrontierConfig, RetryConfig
+from project.frontier.keys import FrontierKeys
 from project.frontier.retry import FrontierRetryMiddleware
-from project.frontier.robots import RobotsCacheMiddleware
-from project.monitoring.node import NodeMonitor
-from project.monitoring.statsfile import StatsFile
+from project.frontier.robots import RobotsCacheMiddleware, RobotsConfig
+from project.monitoring.node import MonitorConfig, NodeMonitor
+from project.monitoring.statsfile import StatsFile, StatsFileConfig
 from project.rendering.browser import use_system_chromium
-from project.rendering.config import RenderingConfig
+from project.rendering.config import RenderingConfig, RenderingConfigError
+from project.rendering.handler import RENDER_RETRY_EXCEPTIONS
 from project.rendering.middleware import RenderingMiddleware
+from project.storage.config import MongoConfig, StorageConfigError
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = ["FleetAddon"]
 
+logger = logging.getLogger(__name__)
+
 _PRIORITY = "addon"
-_PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+_PLAYWRIGHT_HANDLER = "project.rendering.handler.BoundedPlaywrightHandler"
 
 #: Scrapy settings the fleet needs one way: asyncio for scrapy-playwright and
 #: the async Redis and MongoDB clients; no telnet console or remote-control
@@ -43,7 +51,13 @@ _SETTINGS = {
     "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
+    # A page from a stranger costs at most this much memory (Scrapy's own cap is 1 GiB).
+    "DOWNLOAD_MAXSIZE": 16 * 1024 * 1024,
+    "DOWNLOAD_WARNSIZE": 4 * 1024 * 1024,
 }
+
+#: Only the web: a link to file:///dev/zero or ftp:// must not reach a handler.
+_NO_HANDLER_SCHEMES = ("file", "s3", "ftp", "data")
 
 _DOWNLOADER_MIDDLEWARES = {
     # Retries go back through Redis with a not-before time instead.
@@ -84,6 +98,31 @@ class FleetAddon:
         handlers = settings.getdict("DOWNLOAD_HANDLERS")
         for scheme in ("http", "https"):
             handlers.setdefault(scheme, _PLAYWRIGHT_HANDLER)
+        for scheme in _NO_HANDLER_SCHEMES:
+            handlers.setdefault(scheme, None)
         priority = settings.getpriority("DOWNLOAD_HANDLERS") or 0
         settings.set("DOWNLOAD_HANDLERS", handlers, priority=priority)
-        use_system_chromium(settings)
+        # A failed render is a download error: retried, then dead-lettered.
+        retried = settings.getlist("RETRY_EXCEPTIONS")
+        retried += [name for name in RENDER_RETRY_EXCEPTIONS if name not in retried]
+        priority = settings.getpriority("RETRY_EXCEPTIONS") or 0
+        settings.set("RETRY_EXCEPTIONS", retried, priority=priority)
+        try:
+            _check(settings)
+            use_system_chromium(settings)
+        except (NotConfigured, RenderingConfigError, StorageConfigError) as exc:
+            logger.critical("Cannot start: %s", exc)
+            raise FleetConfigError(str(exc)) from exc
+
+
+def _check(settings: BaseSettings) -> None:
+    """Every fleet setting parsed now, so a bad one stops the node before it starts."""
+    FrontierConfig.from_settings(settings)
+    FrontierKeys.from_settings(settings, "spider")
+    RetryConfig.from_settings(settings)
+    RobotsConfig.from_settings(settings)
+    MongoConfig.from_settings(settings)
+    ValidationConfig.from_settings(settings)
+    if MonitorConfig.from_settings(settings).enabled:
+        StatsFileConfig.from_settings(settings)
+    RenderingConfig.from_settings(settings)

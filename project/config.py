@@ -17,7 +17,22 @@ from scrapy.exceptions import NotConfigured
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["exported_defaults", "read_settings", "setting", "setting_fields"]
+__all__ = ["FleetConfigError", "exported_defaults", "read_settings", "setting", "setting_fields"]
+
+
+class FleetConfigError(SystemExit):
+    """Settings a node cannot work with: it stops with exit status 1 and one line.
+
+    A ``SystemExit``: the line is logged where it is raised, and ``scrapy crawl``
+    then exits without a traceback (an expected fault, not a bug).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def setting(name: str, default: Any, *, shown: str | None = None, export: bool = False) -> Any:

@@ -5,18 +5,36 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import reprlib
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
+from w3lib.url import canonicalize_url
+
+from project.frontier.sites import MAX_URL_LENGTH
 
 if TYPE_CHECKING:
+    from urllib.parse import SplitResult
+
     from pydantic import ValidationError
 
-__all__ = ["CONTENT_FIELDS", "Availability", "Product", "field_errors"]
+__all__ = [
+    "CONTENT_FIELDS",
+    "MAX_BREADCRUMB_PARTS",
+    "MAX_DESCRIPTION_LENGTH",
+    "MAX_IMAGE_URLS",
+    "MAX_NAME_LENGTH",
+    "MAX_SKU_LENGTH",
+    "MAX_URL_LENGTH",
+    "Availability",
+    "Product",
+    "canonical_product_url",
+    "field_errors",
+]
 
 #: Fields that make up a product's content; ``url`` and ``rendered`` only say how it was fetched.
 CONTENT_FIELDS: tuple[str, ...] = (
@@ -36,6 +54,25 @@ _PRICE = re.compile(r"(?:\d+|\d{1,3}(?:,\d{3})+)(?:\.\d+)?")
 _PRICE_SYMBOLS = re.compile(r"[\s$€£¥]")
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _SPACES = re.compile(r"\s+")
+
+# Field sizes: a valid product is at most about 600 KB of BSON, far below MongoDB's 16 MiB
+# document limit, so every product the schema accepts can be stored (docs/architecture.md).
+MAX_NAME_LENGTH = 1000
+MAX_SKU_LENGTH = 200
+MAX_DESCRIPTION_LENGTH = 65_536
+MAX_BREADCRUMB_PARTS = 50
+MAX_BREADCRUMB_PART_LENGTH = 500
+MAX_IMAGE_URLS = 100
+#: Longest price text parsed, and most significant digits of a price.
+_MAX_PRICE_TEXT = 64
+_MAX_PRICE_DIGITS = 30
+#: Most characters of an invalid value quoted in an error message.
+_PREVIEW = 200
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, _PREVIEW, _PREVIEW, 40
+
+_Url = Annotated[str, Field(max_length=MAX_URL_LENGTH)]
 
 
 class Availability(StrEnum):
@@ -66,30 +103,41 @@ class Product(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    url: str
-    canonical_url: str
-    name: str
+    url: _Url
+    canonical_url: _Url
+    name: Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
     price: Decimal
     currency: str
-    sku: str
+    sku: Annotated[str, Field(max_length=MAX_SKU_LENGTH)]
     availability: Availability | None = None
-    description: str | None = None
-    breadcrumb: list[str] = []
-    image_urls: list[str] = []
+    description: Annotated[str, Field(max_length=MAX_DESCRIPTION_LENGTH)] | None = None
+    breadcrumb: Annotated[
+        list[Annotated[str, Field(max_length=MAX_BREADCRUMB_PART_LENGTH)]],
+        Field(max_length=MAX_BREADCRUMB_PARTS),
+    ] = []
+    image_urls: Annotated[list[_Url], Field(max_length=MAX_IMAGE_URLS)] = []
     rendered: bool = False
 
-    @field_validator("url", "canonical_url", mode="before")
+    @field_validator("url", mode="before")
     @classmethod
     def _absolute_url(cls, value: object) -> str:
         text = _required_text(value)
-        parts = urlsplit(text)
-        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        parts = _http_url(text)
+        if parts is None:
             raise PydanticCustomError(
-                "url", "not an absolute http(s) URL: {value}", {"value": repr(text)}
+                "url", "not an absolute http(s) URL: {value}", {"value": _preview(text)}
             )
         return urlunsplit(
             (parts.scheme.lower(), parts.netloc.lower(), parts.path or "/", parts.query, "")
         )
+
+    @field_validator("canonical_url", mode="before")
+    @classmethod
+    def _canonical_url(cls, value: object, info: ValidationInfo) -> str:
+        text = _required_text(value)
+        page = info.data.get("url")
+        # Without a valid page URL the product is invalid anyway (reported under url).
+        return text if page is None else canonical_product_url(page, text)[0]
 
     @field_validator("name", "sku", mode="before")
     @classmethod
@@ -100,15 +148,24 @@ class Product(BaseModel):
     @classmethod
     def _price(cls, value: object) -> Decimal:
         if isinstance(value, Decimal | int | float) and not isinstance(value, bool):
-            price = Decimal(str(value))
+            price = Decimal(value) if isinstance(value, Decimal) else Decimal(str(value))
         else:
-            text = _PRICE_SYMBOLS.sub("", _required_text(value))
-            if not _PRICE.fullmatch(text):
-                raise PydanticCustomError("price", "not a price: {value}", {"value": repr(value)})
+            text = _PRICE_SYMBOLS.sub("", _required_text(value)[: _MAX_PRICE_TEXT + 1])
+            if len(text) > _MAX_PRICE_TEXT or not _PRICE.fullmatch(text):
+                raise PydanticCustomError(
+                    "price", "not a price: {value}", {"value": _preview(value)}
+                )
             price = Decimal(text.replace(",", ""))  # the pattern admits only valid decimals
         if not price.is_finite() or price <= 0:
             raise PydanticCustomError(
-                "price", "price must be > 0, got {value}", {"value": repr(value)}
+                "price", "price must be > 0, got {value}", {"value": _preview(value)}
+            )
+        if (
+            len(price.as_tuple().digits) > _MAX_PRICE_DIGITS
+            or price.adjusted() >= _MAX_PRICE_DIGITS
+        ):
+            raise PydanticCustomError(
+                "price", "price has too many digits: {value}", {"value": _preview(value)}
             )
         return price
 
@@ -118,7 +175,7 @@ class Product(BaseModel):
         text = _required_text(value).upper()
         if not _CURRENCY.fullmatch(text):
             raise PydanticCustomError(
-                "currency", "not a 3-letter currency code: {value}", {"value": repr(value)}
+                "currency", "not a 3-letter currency code: {value}", {"value": _preview(value)}
             )
         return text
 
@@ -128,8 +185,10 @@ class Product(BaseModel):
         if value is None or isinstance(value, Availability):
             return value
         if not isinstance(value, str):
-            raise PydanticCustomError("availability", "not text: {value}", {"value": repr(value)})
-        key = _SPACES.sub(" ", value.replace("-", " ").replace("_", " ")).strip().lower()
+            raise PydanticCustomError(
+                "availability", "not text: {value}", {"value": _preview(value)}
+            )
+        key = _SPACES.sub(" ", value[:100].replace("-", " ").replace("_", " ")).strip().lower()
         key = key.rsplit("/", 1)[-1]  # schema.org URLs: http://schema.org/InStock
         if not key:
             return None
@@ -140,7 +199,7 @@ class Product(BaseModel):
         if key in _AVAILABILITY:
             return _AVAILABILITY[key]
         raise PydanticCustomError(
-            "availability", "unknown availability: {value}", {"value": repr(value)}
+            "availability", "unknown availability: {value}", {"value": _preview(value)}
         )
 
     @field_validator("description", mode="before")
@@ -149,29 +208,33 @@ class Product(BaseModel):
         if value is None:
             return None
         if not isinstance(value, str):
-            raise PydanticCustomError("text", "not text: {value}", {"value": repr(value)})
+            raise PydanticCustomError("text", "not text: {value}", {"value": _preview(value)})
         return value.strip() or None
 
     @field_validator("breadcrumb", mode="before")
     @classmethod
     def _breadcrumb(cls, value: object) -> list[str]:
-        return [_SPACES.sub(" ", part).strip() for part in _text_list(value) if part.strip()]
+        parts = _text_list(value, MAX_BREADCRUMB_PARTS)
+        return [_SPACES.sub(" ", part).strip() for part in parts if part.strip()]
 
     @field_validator("image_urls", mode="before")
     @classmethod
     def _image_urls(cls, value: object, info: ValidationInfo) -> list[str]:
         base = info.data.get("url")
-        urls: list[str] = []
-        for raw in _text_list(value):
-            url = urljoin(base, raw.strip()) if base else raw.strip()
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+        urls: dict[str, None] = {}  # ordered, without duplicates
+        # Duplicates are common (thumbnails): allow some before the count is checked.
+        for raw in _text_list(value, 4 * MAX_IMAGE_URLS):
+            try:
+                url = urljoin(base, raw.strip()) if base else raw.strip()
+                valid = _http_url(url) is not None
+            except ValueError:
+                valid = False
+            if not valid:
                 raise PydanticCustomError(
-                    "url", "image URL is not absolute http(s): {value}", {"value": repr(raw)}
+                    "url", "image URL is not absolute http(s): {value}", {"value": _preview(raw)}
                 )
-            if url not in urls:
-                urls.append(url)
-        return urls
+            urls[url] = None
+        return list(urls)
 
     def content(self) -> dict[str, Any]:
         """The content fields, JSON-ready (price as its decimal text)."""
@@ -182,7 +245,8 @@ class Product(BaseModel):
     def content_hash(self) -> str:
         """SHA-256 over the content fields: equal for equal products, whatever URL they came from."""
         blob = json.dumps(self.content(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        # surrogatepass: a lone surrogate from a page still hashes (MongoDB refuses it later).
+        return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def field_errors(exc: ValidationError) -> dict[str, list[str]]:
@@ -195,22 +259,90 @@ def field_errors(exc: ValidationError) -> dict[str, list[str]]:
     return reasons
 
 
+def canonical_product_url(page_url: str, canonical: str) -> tuple[str, str | None]:
+    """The ``_id`` of a product page: its canonical link when that is on the page's own site.
+
+    The link is resolved against the page and normalised (``w3lib.url.canonicalize_url``, default
+    port dropped). A link to another site (``host[:port]``), or one that is not an http(s) URL, is
+    replaced by the page's own URL, normalised alike: a page may not write another site's
+    product. Returns the URL and, when the link was replaced, why (``offsite``, ``invalid``).
+    """
+    page = _canonical(page_url) or page_url
+    try:
+        absolute = urljoin(page_url, canonical.strip())
+        parts = _http_url(absolute)
+    except ValueError:
+        parts = None
+    if parts is None or len(absolute) > MAX_URL_LENGTH:
+        return page, "invalid"
+    if _site(parts) != _site(urlsplit(page_url)):
+        return page, "offsite"
+    normalised = _canonical(absolute)
+    return (normalised, None) if normalised else (page, "invalid")
+
+
+def _http_url(text: str) -> SplitResult | None:
+    """The parts of an absolute http(s) URL with a host and a valid port, else None."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number in range)
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return parts
+
+
+def _site(parts: SplitResult) -> tuple[str, int | None]:
+    """``host[:port]`` of a URL: the port only when it is not its scheme's default."""
+    port = parts.port
+    if port == _DEFAULT_PORTS.get(parts.scheme.lower()):
+        port = None
+    return (parts.hostname or "").rstrip("."), port
+
+
+def _canonical(url: str) -> str | None:
+    """``canonicalize_url``, then ``host[:port]`` alone: no credentials, no default port."""
+    try:
+        parts = urlsplit(canonicalize_url(url))
+        host, port = _site(parts)
+    except (ValueError, UnicodeError):
+        return None
+    netloc = f"[{host}]" if ":" in host else host
+    return urlunsplit(parts._replace(netloc=netloc if port is None else f"{netloc}:{port}"))
+
+
+def _preview(value: object) -> str:
+    """``repr`` of an invalid value, cut short: error messages are stored with the reject."""
+    try:
+        text = (
+            repr(value) if isinstance(value, str) and len(value) <= _PREVIEW else _REPR.repr(value)
+        )
+    except (ValueError, RecursionError):  # an int of more than 4300 digits, a deep structure
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
+
+
 def _required_text(value: object) -> str:
     if value is None:
         raise PydanticCustomError("missing", "missing")
     if not isinstance(value, str):
-        raise PydanticCustomError("text", "not text: {value}", {"value": repr(value)})
+        raise PydanticCustomError("text", "not text: {value}", {"value": _preview(value)})
     text = value.strip()
     if not text:
         raise PydanticCustomError("empty", "empty")
     return text
 
 
-def _text_list(value: object) -> list[str]:
+def _text_list(value: object, most: int) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise PydanticCustomError("list", "not a list of text: {value}", {"value": repr(value)})
+        raise PydanticCustomError("list", "not a list of text: {value}", {"value": _preview(value)})
+    if len(value) > most:
+        raise PydanticCustomError(
+            "too_long", "at most {most} items, got {count}", {"most": most, "count": len(value)}
+        )
     if not all(isinstance(part, str) for part in value):
-        raise PydanticCustomError("list", "not a list of text: {value}", {"value": repr(value)})
+        raise PydanticCustomError("list", "not a list of text: {value}", {"value": _preview(value)})
     return list(value)

@@ -10,7 +10,7 @@ from project.items import ProductItem
 from project.rendering.middleware import FALLBACK_META_KEY
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from scrapy import Request
     from scrapy.http import Response
@@ -48,28 +48,38 @@ class ProductsSpider(FleetSpider):
         elif path.startswith("/category/"):
             yield from self.parse_listing(response)
         else:
-            for href in response.css("a[href*='/category/']::attr(href)").getall():
-                yield response.follow(
-                    listing_url(response.urljoin(href)),
-                    callback=self.parse_listing,
-                    priority=LISTING_PRIORITY,
-                )
+            hrefs = response.css("a[href*='/category/']::attr(href)").getall()
+            yield from self._follow(response, hrefs, listing_url, self.parse_listing)
 
     def parse_listing(self, response: Response) -> Iterator[Request]:
-        for href in response.css("a.product-link::attr(href), a.related-link::attr(href)").getall():
-            yield response.follow(
-                product_url(response.urljoin(href)),
-                callback=self.parse_product,
-                priority=PRODUCT_PRIORITY,
-            )
-        for href in response.css(
+        products = response.css("a.product-link::attr(href), a.related-link::attr(href)")
+        yield from self._follow(response, products.getall(), product_url, self.parse_product)
+        listings = response.css(
             "a.next::attr(href), a.prev::attr(href), a.category-link::attr(href)"
-        ).getall():
-            yield response.follow(
-                listing_url(response.urljoin(href)),
-                callback=self.parse_listing,
-                priority=LISTING_PRIORITY,
-            )
+        )
+        yield from self._follow(response, listings.getall(), listing_url, self.parse_listing)
+
+    def _follow(
+        self,
+        response: Response,
+        hrefs: list[str],
+        canonical: Callable[[str], str],
+        callback: Callable[..., Any],
+    ) -> Iterator[Request]:
+        """A request per link; a link that is not a URL costs only itself."""
+        priority = LISTING_PRIORITY if callback == self.parse_listing else PRODUCT_PRIORITY
+        for href in hrefs:
+            try:
+                parts = urlsplit(href.strip())
+                if parts.scheme and not parts.netloc:
+                    # "http:///nohost" would resolve onto this page's own site
+                    raise ValueError(f"{href!r} has a scheme but no host")
+                yield response.follow(
+                    canonical(response.urljoin(href)), callback=callback, priority=priority
+                )
+            except ValueError:
+                self.crawler.stats.inc_value("products/bad_links")
+                self.logger.debug("Not a link on %s: %r", response.url, href[:200])
 
     def parse_product(self, response: Response) -> Iterator[Request | ProductItem]:
         product = response.css(".product")

@@ -102,7 +102,8 @@ class Fleet:
         )
         return env
 
-    def start_node(self, **settings: Any) -> subprocess.Popen[bytes]:
+    def start_node(self, *wrapper: str, **settings: Any) -> subprocess.Popen[bytes]:
+        """A ``scrapy crawl`` node; *wrapper* is a command it runs under (faketime, prlimit)."""
         index = len(self.procs)
         merged = {
             **FAST_SETTINGS,
@@ -111,7 +112,7 @@ class Fleet:
             **self.settings,
             **settings,
         }
-        argv = [sys.executable, "-m", "scrapy", "crawl", self.spider]
+        argv = [*wrapper, sys.executable, "-m", "scrapy", "crawl", self.spider]
         for key, value in merged.items():
             text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
             argv += ["-s", f"{key}={text}"]

@@ -40,7 +40,7 @@ def test_the_projects_own_settings_win_over_the_add_on() -> None:
     assert middlewares[RetryMiddleware] is None, "Scrapy's retries are replaced"
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
     assert handlers["https"] == "my.Handler"
-    assert handlers["http"] == "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+    assert handlers["http"] == "project.rendering.handler.BoundedPlaywrightHandler"
     assert settings.getint("PLAYWRIGHT_MAX_CONTEXTS") == 3
 
 
@@ -82,3 +82,54 @@ def test_a_second_project_with_only_addons_and_redis_url_crawls_with_two_nodes(
         assert node["finish_reason"] == "finished"
         assert node["frontier/leased"] > 0, f"node{index} took no work from the frontier"
     assert not (PROJECT / ".state").exists(), "the second project's folder stays clean"
+
+
+def test_nodes_fetch_only_the_web_and_at_most_16_mib_a_page() -> None:
+    """No file://, ftp://, s3:// or data: handler (issue 12, deliverable 2 and 3)."""
+    settings = Settings()
+    FleetAddon().update_settings(settings)
+    handlers = settings.getdict("DOWNLOAD_HANDLERS")
+    assert {scheme for scheme, handler in handlers.items() if handler} == {"http", "https"}
+    assert all(handlers[scheme] is None for scheme in ("file", "s3", "ftp", "data"))
+    assert settings.getint("DOWNLOAD_MAXSIZE") == 16 * 1024 * 1024
+    assert settings.getint("DOWNLOAD_WARNSIZE") == 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("FRONTIER_BATCH_MAX", "0", "FRONTIER_BATCH_MAX must be between 1 and 2000"),
+        ("FRONTIER_LEASE_SECONDS", "soon", "FRONTIER_LEASE_SECONDS must be a float"),
+        ("SCHEDULER_QUEUE_KEY", "%(spidr)s:q", "SCHEDULER_QUEUE_KEY"),
+        ("FLEET_SITE_KEY", "path", "FLEET_SITE_KEY"),
+        ("MONGO_URI", "http://db", "MONGO_URI"),
+        ("PLAYWRIGHT_CHROMIUM_PATH", "/nope", "apt-get install chromium"),
+    ],
+)
+def test_a_bad_setting_stops_a_node_with_one_line_and_exit_status_1(
+    setting: str, value: str, says: str
+) -> None:
+    """Deliverable 7, in a real `scrapy crawl`: one line, exit 1, no traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "products", "-s", f"{setting}={value}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if "CRITICAL" in x or "ERROR" in x]
+    assert says in line
+
+
+def test_a_bad_setting_raises_in_process_too() -> None:
+    from project.config import FleetConfigError
+
+    settings = Settings({"FRONTIER_BATCH_MAX": 0})
+    with pytest.raises(FleetConfigError, match="FRONTIER_BATCH_MAX"):
+        FleetAddon().update_settings(settings)

@@ -148,12 +148,18 @@ class PlainSpider(Spider):
 
 
 def test_scheduler_refuses_a_spider_it_cannot_seed(redis_url: str, keyspace: KeySpace) -> None:
+    """Once every component is open (spider_opened), with one line and a clean close."""
+    from scrapy.exceptions import CloseSpider
+
     crawler = _crawler(redis_url, keyspace, PlainSpider)
 
     async def main() -> None:
         scheduler = build_from_crawler(FleetScheduler, crawler)
-        with pytest.raises(NotConfigured, match="FleetSpider"):
-            await maybe_deferred_to_future(scheduler.open(crawler.spider))
+        await maybe_deferred_to_future(scheduler.open(crawler.spider))
+        with pytest.raises(CloseSpider) as info:
+            await scheduler._connect(crawler.spider)
+        assert info.value.reason == "not_a_fleet_spider"
+        await maybe_deferred_to_future(scheduler.close("not_a_fleet_spider"))
 
     asyncio.run(main())
 
@@ -371,3 +377,178 @@ def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
     assert MongoConfig.from_settings(settings, spider_name="products").database == "fleetcrawl"
     assert MonitorConfig.from_settings(settings).redis_url == redis_url
     assert FrontierKeys.from_settings(settings, "products") == keyspace.keys("products")
+
+
+# -- Retry-After, bounded twice (issue 12, row 8) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "action", "pause"),
+    [
+        ("99999999999", "dead", 60.0),  # would park the site for good: capped, dead at once
+        ("7200", "dead", 60.0),  # over FRONTIER_RETRY_AFTER_MAX_WAIT (1 h)
+        ("30", "retry", 30.0),
+        ("soon", "retry", None),  # unparseable: as if absent
+        ("Fri, 31 Dec 99999 23:59:59 GMT", "retry", None),
+        ("", "retry", None),
+    ],
+)
+def test_retry_after_is_bounded_and_garbage_is_ignored_row_8(
+    redis_url: str, keyspace: KeySpace, header: str, action: str, pause: float | None
+) -> None:
+    middleware = build_from_crawler(FrontierRetryMiddleware, _crawler(redis_url, keyspace))
+    request = _leased("http://shop.test/p")
+    busy = Response(request.url, status=503, headers={"Retry-After": header}, request=request)
+    try:
+        middleware.process_response(request, busy)
+    except IgnoreRequest:
+        pass
+    outcome = request.meta[OUTCOME_META_KEY]
+    assert outcome["action"] == action
+    assert outcome.get("pause") == pause
+    if action == "dead":
+        assert "Retry-After" in outcome["error"]
+
+
+# -- the frontier's enqueue path refuses what no node should fetch (deliverable 2) ---------------
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("file:///dev/zero", "scheme"),
+        ("ftp://shop.test/x", "scheme"),
+        ("data:,x", "scheme"),
+        ("http:///nohost", "invalid"),  # Scrapy's Request refuses worse ones itself
+        ("http://shop.test/" + "a" * 3000, "too_long"),
+    ],
+)
+def test_the_scheduler_refuses_urls_no_node_should_fetch(
+    redis_url: str, keyspace: KeySpace, url: str, reason: str
+) -> None:
+    crawler = _crawler(redis_url, keyspace)
+
+    async def main() -> bool:
+        scheduler = build_from_crawler(FleetScheduler, crawler)
+        await maybe_deferred_to_future(scheduler.open(crawler.spider))
+        try:
+            return scheduler.enqueue_request(Request(url))
+        finally:
+            await maybe_deferred_to_future(scheduler.close("finished"))
+
+    assert asyncio.run(main()) is False
+    assert crawler.stats.get_value(f"frontier/refused/{reason}") == 1
+
+
+def test_fast_discovery_settles_every_lease_without_a_reap_row_4(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, make_shop
+) -> None:
+    """A backlog of discovered requests never holds acks back until their leases expire
+    (issue 12, row 4): settlements go with the round trip that sends their children, and
+    the leases that wait for it keep their heartbeats."""
+    shop = make_shop(products=150)
+    crawler = _seeded_crawl(
+        redis_url,
+        redis_client,
+        keyspace,
+        shop,
+        FRONTIER_BATCH_MAX=3,
+        FRONTIER_LEASE_SECONDS=1.5,
+        FRONTIER_HEARTBEAT_SECONDS=0.3,
+        CONCURRENT_REQUESTS=8,
+    )
+    stats = crawler.stats.get_stats()
+    assert stats["finish_reason"] == "finished"
+    assert stats.get("frontier/reaped", 0) == 0
+    assert len(shop.stats()["product_hits"]) == 150
+    assert max(shop.stats()["hits"].values()) == 1, "a page was fetched twice"
+
+
+# -- FLEET_SITE_KEY = "ip": limits are written under the names leases are read by (row 14) --------
+
+
+def test_ip_mode_writes_site_limits_and_crawl_delay_under_addresses_row_14(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
+) -> None:
+    crawler = _crawler(
+        redis_url,
+        keyspace,
+        FLEET_SITE_KEY="ip",
+        FLEET_SITE_LIMITS={"localhost:8080": {"rate": 2, "concurrency": 3}},
+        FRONTIER_ALLOWED_SITES=["localhost:8081"],
+    )
+
+    async def main() -> None:
+        scheduler = build_from_crawler(FleetScheduler, crawler)
+        await maybe_deferred_to_future(scheduler.open(crawler.spider))
+        await scheduler._connect(crawler.spider)  # what spider_opened does
+        robots = build_from_crawler(RobotsCacheMiddleware, crawler)
+        robots.spider_opened(crawler.spider)
+        body = b"User-agent: *\nCrawl-delay: 4\n"
+        await robots.robots_parsed(
+            ProtegoRobotParser(body, None), Request("http://localhost:8082/x")
+        )
+        await robots.spider_closed(crawler.spider)
+        await maybe_deferred_to_future(scheduler.close("finished"))
+
+    asyncio.run(main())
+    assert redis_client.hget(keys.limits, "127.0.0.1:8080") == b"2.0 3"
+    assert redis_client.hget(keys.limits, "localhost:8080") is None
+    assert redis_client.hget(keys.limits, "127.0.0.1:8082") == b"0.25 32"
+    assert redis_client.smembers(keys.allowed) == {b"127.0.0.1:8081"}
+
+
+class _UnstorablePipeline:
+    """A store that cannot take product 7, as a full disk or a broken server would refuse it."""
+
+    def process_item(self, item):
+        if str(getattr(item, "url", "")).endswith("/product/7"):
+            raise OSError(28, "No space left on device")
+        return item
+
+
+def test_a_page_whose_item_was_not_stored_is_retried_not_acked_row_6(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
+) -> None:
+    """Issue 12, row 6: a pipeline error is not an ack; the page is retried, then dead-lettered."""
+    shop = make_shop(products=20)
+    crawler = _seeded_crawl(
+        redis_url,
+        redis_client,
+        keyspace,
+        shop,
+        ITEM_PIPELINES={_UnstorablePipeline: 300, **IN_PROCESS["ITEM_PIPELINES"]},
+        FRONTIER_RETRY_TIMES=1,
+        FRONTIER_RETRY_BACKOFF_BASE=0.1,
+    )
+    stats = crawler.stats.get_stats()
+    assert stats["finish_reason"] == "finished"
+    assert stats["frontier/item_errors"] == 2, "the first fetch and its one retry"
+    assert shop.stats()["product_hits"]["7"] == 2
+    (record,) = [json.loads(raw) for raw in redis_client.lrange(keys.dead, 0, -1)]
+    assert record["url"].endswith("/product/7")
+    assert record["error"].startswith("item not stored: OSError")
+    assert stats["item_scraped_count"] == 19
+
+
+def test_a_huge_robots_txt_is_cut_before_it_is_parsed_or_shared_row_15(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
+) -> None:
+    """Row 15: a robots.txt of any size costs at most ROBOTSTXT_MAX_BYTES, in Redis and parsed."""
+    crawler = _crawler(redis_url, keyspace, ROBOTSTXT_MAX_BYTES=1000)
+
+    async def main() -> Response:
+        middleware = build_from_crawler(RobotsCacheMiddleware, crawler)
+        middleware.spider_opened(crawler.spider)
+        asked = Request("http://shop.test/robots.txt", meta={"dont_obey_robotstxt": True})
+        assert await middleware.process_request(asked) is None
+        huge = b"User-agent: *\nDisallow: /a\n" + b"# padding\n" * 100_000
+        answer = await middleware.process_response(asked, Response(asked.url, body=huge))
+        await middleware.spider_closed(crawler.spider)
+        return answer
+
+    answer = asyncio.run(main())
+    assert len(answer.body) == 1000, "Scrapy's RobotsTxtMiddleware parses the cut copy"
+    assert answer.body.startswith(b"User-agent: *\nDisallow: /a\n")
+    assert len(json.loads(redis_client.hget(keys.robots, "shop.test"))["body"]) == 1000
+    assert crawler.stats.get_value("robotstxt/truncated") == 1

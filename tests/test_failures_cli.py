@@ -51,3 +51,67 @@ def test_list_retry_and_purge_dead_letters(redis_url: str, redis_client, keyspac
     purged = fleetcrawl(redis_url, keyspace, "failures", "purge")
     assert "purged 1 dead letters" in purged.stdout
     assert redis_client.llen(keys.dead) == 0
+
+
+SECRETS = {"Cookie": ["session=s3cret-cookie"], "Authorization": ["Basic czNjcmV0"],
+           "proxy-authorization": "Basic cHJveHk="}  # fmt: skip
+
+
+def _leaked(text: str) -> list[str]:
+    return [s for s in ("s3cret-cookie", "czNjcmV0", "cHJveHk=", "pr0xypass") if s in text]
+
+
+def test_failures_list_redacts_credentials_row_21(redis_url, redis_client, keyspace, keys):
+    """Row 21: dead-letter payloads kept Cookie/Authorization/Proxy-Authorization headers."""
+    request = {
+        "url": "http://shop.test/account",
+        "headers": {**SECRETS, "Accept": ["text/html"]},
+        "meta": {"proxy": "http://user:pr0xypass@proxy.test:3128"},
+    }
+    seed = json.dumps({"url": "http://shop.test/", "headers": SECRETS})[:120]  # cut preview
+    redis_client.lpush(keys.dead, _dead(request["url"], request), _dead(seed, None))
+
+    as_json = fleetcrawl(redis_url, keyspace, "failures", "list", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert _leaked(as_json.stdout) == []
+    seed_record, request_record = json.loads(as_json.stdout)
+    shown = json.loads(request_record["request"])
+    assert shown["headers"] == {
+        "Cookie": ["[redacted]"],
+        "Authorization": ["[redacted]"],
+        "proxy-authorization": "[redacted]",
+        "Accept": ["text/html"],
+    }
+    assert shown["meta"]["proxy"] == "http://user:***@proxy.test:3128"
+    assert '"Cookie": "[redacted]"' in seed_record["url"]
+
+    listed = fleetcrawl(redis_url, keyspace, "failures", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert _leaked(listed.stdout) == []
+    # Redis still has them: retry must send the request as it was.
+    assert b"s3cret-cookie" in redis_client.lindex(keys.dead, 1)
+
+
+HOSTILE = "[/x] \x1b[31mred\x1b[0m over\rwrite bell\x07 del\x7f c1\x9b " + "A" * 10_000
+
+
+def test_failures_list_prints_no_terminal_escapes_row_22(
+    redis_url, redis_client, keyspace, keys
+) -> None:
+    """Row 22: `failures list` printed raw terminal escapes from dead letters."""
+    record = json.loads(_dead(HOSTILE, None))
+    record.update(error=HOSTILE, node=HOSTILE, kind=HOSTILE, attempts=HOSTILE)
+    redis_client.lpush(keys.dead, json.dumps(record), b"\x1b[2J not json", b"[1]")
+
+    plain = fleetcrawl(redis_url, keyspace, "failures", "list")
+    as_json = fleetcrawl(redis_url, keyspace, "failures", "list", "--json")
+    for run in (plain, as_json):
+        assert run.returncode == 0, run.stderr
+        assert [c for c in run.stdout if c != "\n" and not c.isprintable()] == []
+        assert "Traceback" not in run.stderr
+    assert "[/x] \\x1b[31mred\\x1b[0m over\\x0dwrite" in plain.stdout
+    assert "3 dead letters shown" in plain.stdout
+    assert max(len(line) for line in plain.stdout.splitlines()) < 300, "10 kB values are cut"
+    newest, undecodable, hostile = json.loads(as_json.stdout)
+    assert hostile["error"] == HOSTILE, "--json keeps the whole value, escaped"
+    assert undecodable["error"] == newest["error"] == "not a dead-letter record"

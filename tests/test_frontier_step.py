@@ -48,11 +48,11 @@ def run(
 
 
 def entry(
-    n: int, priority: int = 0, mode: bytes = b"f", tag: int = 0, site: str = "s"
-) -> tuple[bytes, str, int, bytes]:
+    n: int, priority: int = 0, mode: bytes = b"f", tag: int = 0, site: str = "s", scope: str = ""
+) -> tuple[bytes, str, int, bytes, str]:
     """A queue entry; real payloads carry a unique id, *tag* stands for it."""
     payload = b'{"url":"http://%s/%d","priority":%d,"id":%d}' % (site.encode(), n, priority, tag)
-    return (mode + b"fp%d" % n, site, priority, payload)
+    return (mode + b"fp%d" % n, site, priority, payload, scope)
 
 
 def urls(result) -> list[str]:
@@ -86,10 +86,10 @@ def test_enqueue_puts_each_request_under_the_site_it_names(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
     """The site travels as its own field: the payload's URL does not decide it."""
-    fp, _, priority, payload = entry(1, site="shop.test")
+    fp, _, priority, payload, scope = entry(1, site="shop.test")
 
     async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
-        await a.step(StepBatch(enqueue=[(fp, "10.0.0.7:8080", priority, payload)]))
+        await a.step(StepBatch(enqueue=[(fp, "10.0.0.7:8080", priority, payload, scope)]))
         (leased,) = (await a.step(StepBatch(want=1))).leased
         assert (leased.site, leased.payload) == ("10.0.0.7:8080", payload)
         member = redis_client.zrange(keys.inflight, 0, -1)[0]
@@ -171,7 +171,7 @@ def test_settle_dead_letters_leave_the_inflight_set(
 
     run(redis_url, keys, scenario)
     assert redis_client.zcard(keys.inflight) == 0
-    assert redis_client.hget(keys.active, "s") == b"0"
+    assert redis_client.hget(keys.active, "s") is None
     assert redis_client.lrange(keys.dead, 0, -1) == [b'{"url":"http://s/1"}']
 
 
@@ -230,7 +230,7 @@ def test_reaped_lease_counts_off_its_sites_active_leases(
         assert (await b.step(StepBatch(maintain=True))).reaped == 2
 
     run(redis_url, keys, scenario)
-    assert redis_client.hmget(keys.active, "x", "y") == [b"0", b"0"]
+    assert redis_client.hmget(keys.active, "x", "y") == [None, None], "no leases, no entry"
     assert redis_client.zcard(keys.site_queue("x")) == 1
 
 
@@ -338,7 +338,7 @@ def test_a_script_declares_every_key_it_uses(name: str) -> None:
     script = lua.load(name)
     assert set(lua.used_keys(script)) <= set(script.keys), "K.<name> not in the header's KEYS"
     keys = FrontierKeys.for_spider("products")
-    assert len(set(script.keys_from(keys))) == len(script.keys)
+    assert len(set(script.keys_from(keys, work="products:dead:requeue:x"))) == len(script.keys)
 
 
 def test_heartbeat_script_declares_every_key_it_uses() -> None:
@@ -405,3 +405,159 @@ def test_leases_and_retries_of_an_older_layout_get_their_site_once(
     assert redis_client.zcard(keys.site_queue("10.0.0.9")) == 1
     assert redis_client.zcard(keys.site_queue("shop.test:8080")) == 1, "the retry was due"
     assert redis_client.llen(keys.start_urls) == 1
+
+
+# -- where requests may go (phase 1's scope) ---------------------------------------------------
+
+
+def test_enqueue_keeps_requests_on_the_sites_seeds_opened(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        early = await a.step(StepBatch(enqueue=[entry(1, site="shop", scope="=")]))
+        assert (early.added, early.offsite) == (0, 1), "no seed has opened the shop yet"
+        seeded = await a.step(
+            StepBatch(
+                enqueue=[
+                    entry(2, site="shop", scope="+"),  # a seed
+                    entry(3, site="shop", scope="="),  # a link on the shop
+                    entry(4, site="127.0.0.1:6379", scope="="),  # a link to Redis
+                    entry(5, site="www.shop", scope="~shop"),  # the shop redirects to www
+                    entry(6, site="elsewhere", scope=""),  # allowed_domains decide
+                ]
+            )
+        )
+        assert (seeded.added, seeded.offsite) == (4, 1)
+        later = await a.step(StepBatch(enqueue=[entry(7, site="www.shop", scope="=")]))
+        assert (later.added, later.offsite) == (1, 0), "a redirect target is the crawl's"
+
+    run(redis_url, keys, scenario)
+    assert redis_client.smembers(keys.allowed) == {b"shop", b"www.shop"}
+    assert not redis_client.exists(keys.site_queue("127.0.0.1:6379"))
+    assert redis_client.scard(keys.dupefilter) == 5, "refused requests are not marked seen"
+
+
+# -- settle: a reaped lease cannot fork its request (row 20) -------------------------------------
+
+
+def test_settle_of_a_reaped_lease_does_not_fork_the_request_row_20(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1)]))
+        (slow,) = (await a.step(StepBatch(want=1))).leased
+        await asyncio.sleep(0.4)
+        (taken,) = (await b.step(StepBatch(maintain=True, want=1))).leased  # b has it now
+        member = a.request_member(slow.site, slow.payload)
+        late = await a.step(
+            StepBatch(
+                retries=[(member, 0, slow.site, b'{"url":"http://s/1","meta":{"retry_times":1}}')],
+                dead=[(member, b'{"url":"http://s/1"}')],
+            )
+        )
+        assert late.stale == 2
+        assert taken.payload == slow.payload
+
+    run(redis_url, keys, scenario)
+    assert redis_client.zcard(keys.delayed) == 0, "no second live copy"
+    assert redis_client.llen(keys.dead) == 0
+    assert redis_client.zcard(keys.inflight) == 1, "node b still holds it"
+
+
+# -- poison: a request that kills every node that takes it (deliverable 1, row 9) ---------------
+
+
+def test_a_request_whose_lease_keeps_expiring_becomes_a_poison_dead_letter_row_9(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1), entry(2)]))
+        for delivery in range(1, 4):
+            taken = await a.step(StepBatch(want=2))
+            assert len(taken.leased) == 2 if delivery == 1 else 1
+            if delivery == 1:  # entry 2 is fine: its node acks it
+                done = [x for x in taken.leased if b"/2" in x.payload]
+                await a.step(StepBatch(acks=[a.request_member(x.site, x.payload) for x in done]))
+            await asyncio.sleep(0.4)  # node a "dies" holding entry 1
+            result = await b.step(StepBatch(maintain=True))
+            if delivery < 3:
+                assert (result.reaped, result.poisoned) == (1, [])
+        (record,) = result.poisoned
+        poison = json.loads(record)
+        assert (poison["kind"], poison["attempts"], poison["url"]) == ("poison", 3, "http://s/1")
+        assert poison["site"] == "s"
+
+    run(redis_url, keys, scenario)
+    assert redis_client.zcard(keys.inflight) == 0
+    assert redis_client.zcard(keys.site_queue("s")) == 0, "not handed out a fourth time"
+    assert redis_client.llen(keys.dead) == 1
+    assert redis_client.hlen(keys.deliveries) == 0, "nothing left to count"
+
+
+def test_an_acked_request_forgets_its_expired_leases(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1)]))
+        await a.step(StepBatch(want=1))
+        await asyncio.sleep(0.4)
+        await b.step(StepBatch(maintain=True))
+        assert redis_client.hlen(keys.deliveries) == 1
+        (again,) = (await b.step(StepBatch(want=1))).leased
+        await b.step(StepBatch(acks=[b.request_member(again.site, again.payload)]))
+
+    run(redis_url, keys, scenario)
+    assert redis_client.hlen(keys.deliveries) == 0
+
+
+# -- requeue_dead: chunked, never destroys (row 5) -----------------------------------------------
+
+
+def test_requeueing_100000_dead_letters_of_one_site_destroys_none_row_5(
+    redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    records = [
+        json.dumps({"url": f"http://s/{n}", "site": "s", "request": f'{{"url":"http://s/{n}"}}'})
+        for n in range(100_000)
+    ] + [json.dumps({"url": "not a url", "kind": "seed", "request": None})]
+    with redis_client.pipeline(transaction=False) as pipe:
+        for start in range(0, len(records), 10_000):
+            pipe.rpush(keys.dead, *records[start : start + 10_000])
+        pipe.execute()
+    assert retry_dead_letters(redis_client, keys) == (100_000, 1)
+    assert redis_client.zcard(keys.site_queue("s")) == 100_000
+    assert int(redis_client.get(keys.queued)) == 100_000
+    assert redis_client.lrange(keys.dead, 0, -1) == [records[-1].encode()], "the seed stays"
+    assert not list(redis_client.scan_iter(match=f"{keys.dead}:requeue:*"))
+
+
+def test_maintenance_forgets_the_counters_of_sites_idle_for_ten_minutes(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """The per-site hashes do not grow for ever (issue 12, row 19)."""
+    limits = SiteLimits(rate=5.0, concurrency=0)
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(1, site="old"), entry(2, site="busy"),
+                                         entry(3, site="busy")]))  # fmt: skip
+        for leased in (await a.step(StepBatch(want=3))).leased:
+            await a.step(StepBatch(acks=[a.request_member(leased.site, leased.payload)]))
+        assert redis_client.hget(keys.leases, "old") == b"1"
+        seconds, _ = redis_client.time()
+        long_ago = (int(seconds) - 11 * 60) * 1000
+        redis_client.zadd(keys.recent, {"old": long_ago, "busy": long_ago})
+        redis_client.hset(keys.buckets, "old", f"0 {long_ago}")
+        await a.step(StepBatch(maintain=True))
+
+    run(redis_url, keys, scenario, limits=limits)
+    assert redis_client.hget(keys.leases, "old") is None
+    assert redis_client.hget(keys.buckets, "old") is None
+    assert redis_client.zscore(keys.recent, "old") is None
+    # a site with work left is looked at again later
+    assert redis_client.hget(keys.leases, "busy") is not None
+    assert redis_client.zscore(keys.recent, "busy") > long_ago_bound(redis_client)
+
+
+def long_ago_bound(client) -> int:
+    seconds, _ = client.time()
+    return (int(seconds) - 60) * 1000

@@ -75,7 +75,8 @@ for name in ("DOWNLOADER_MIDDLEWARES", "EXTENSIONS", "ITEM_PIPELINES"):
     for component in settings.getdict(name):
         load_object(component) if isinstance(component, str) else component
 for handler in settings.getdict("DOWNLOAD_HANDLERS").values():
-    load_object(handler)
+    if handler is not None:  # None: a scheme no node may fetch
+        load_object(handler)
 for module in {_runtime_modules()!r}:
     importlib.import_module(module)
 loaded = sorted(m for m in sys.modules if m.startswith(("project.ops", "tests")))

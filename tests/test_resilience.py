@@ -136,3 +136,20 @@ def test_flaky_pages_are_retried_then_dead_lettered(
     assert sorted(int(d["url"].rsplit("/", 1)[1]) for d in dead) == sorted(expected["broken"])
     assert {(d["attempts"], d["error"]) for d in dead} == {(3, "HTTP 503")}
     assert mongo.failures.count_documents({"kind": "request"}) == len(expected["broken"])
+
+
+def test_a_node_whose_clock_is_120s_ahead_reaps_no_live_lease_row_7(
+    fleet: Fleet, make_shop, mongo
+) -> None:
+    """Leases, retries and token buckets run on Redis' clock (issue 12, row 7)."""
+    products = 300
+    shop = make_shop(products=products, latency_ms=30)
+    fleet.seed(shop.url("/"))
+    fleet.start_node()
+    fleet.start_node("faketime", "-f", "+120s")
+    assert fleet.wait(180) == [0, 0]
+    _assert_every_product_once(shop, mongo, products)
+    for index in (0, 1):
+        assert fleet.stat(index, "frontier/reaped") == 0, f"node{index} reaped a live lease"
+        assert fleet.stat(index, "frontier/dispatched") > 0, f"node{index} did no work"
+    assert max(shop.stats()["hits"].values()) == 1

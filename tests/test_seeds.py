@@ -44,12 +44,27 @@ def test_good_seeds(raw: bytes, expected: Seed) -> None:
         (b'{"url": "http://x/", "callback": "evil"}', "field"),
         (b'{"url": ', "json"),
         (b"x" * 70000, "too_large"),
+        # issue 12: seeds that used to escape validation and wedge the fleet
+        (b"http://[::1", "url"),
+        (b"http://shop.test:99999/", "url"),
+        (b"http://" + b"a" * 3000 + b".test/", "url"),
+        (b'{"url": "http://x/", "priority": ' + b"9" * 5000 + b"}", "json"),
+        (b'{"url": "http://x/", "priority": 100001}', "priority"),
+        (b'{"url": "http://x/", "meta": {"playwright_page_init_callback": "os.system"}}', "meta"),
+        (b'{"url": "http://x/", "meta": {"_frontier_outcome": {"action": "dead"}}}', "meta"),
     ],
 )
 def test_bad_seeds_are_named(raw: bytes, code: str) -> None:
     with pytest.raises(InvalidSeed) as info:
         parse_seed(raw, 65536)
     assert info.value.code == code
+
+
+def test_json_nested_30000_deep_is_an_invalid_seed() -> None:
+    deep = b'{"url": "http://x/", "meta": ' + b'{"a": ' * 30000 + b"1" + b"}" * 30001
+    with pytest.raises(InvalidSeed) as info:
+        parse_seed(deep, 1_000_000)
+    assert info.value.code == "json"
 
 
 def test_preview_truncates_large_seeds() -> None:

@@ -5,16 +5,22 @@ from __future__ import annotations
 import base64
 import json
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
 from html import escape, unescape
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.fleet import wait_for
 from tests.site.catalogue import generate_catalogue
+from tests.site.config import parse_args
+from tests.site.hostile import Canary
+from tests.site.pages import HOSTILE_PAGES, LONG_URL_LENGTH, STRAY_PATHS
 from tests.site.server import ShopServer
 
 if TYPE_CHECKING:
@@ -305,3 +311,187 @@ def test_latency_retry_after_burst_and_robots() -> None:
 def test_shop_server_reports_startup_failure() -> None:
     with pytest.raises(RuntimeError, match="did not start"), ShopServer(products=10, js_share=2):
         pass
+
+
+@pytest.fixture(scope="module")
+def hostile_shop() -> Iterator[ShopServer]:
+    with ShopServer(
+        40, hostile=True, hostile_ports=[6379, 9], huge_bytes=30_000_000, stall_seconds=1.0
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_hostile_shop(hostile_shop: ShopServer) -> ShopServer:
+    hostile_shop.reset()
+    return hostile_shop
+
+
+def _raw_get(port: int, path: str) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return conn
+
+
+def _vm_hwm(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    assert match is not None
+    return int(match.group(1)) * 1024
+
+
+def test_hostile_listings_link_traps_before_products(hostile_shop: ShopServer) -> None:
+    category = hostile_shop.catalogue()["categories"][0]
+    _, _, html = _fetch(hostile_shop.url(category["url"]))
+    hrefs = _hrefs(html)
+    traps = [
+        "file:///dev/zero",
+        "ftp://127.0.0.1/x",
+        "data:,hello",
+        "javascript:alert(1)",
+        "http://127.0.0.1:6379/FLUSHALL",
+        "http://127.0.0.1:9/FLUSHALL",
+        "http://[::1/product/1",
+        "http://shop:99999/",
+        "http:///nohost",
+    ]
+    for trap in traps:
+        assert trap in hrefs
+    long_urls = [h for h in hrefs if h.startswith(HOSTILE_PAGES["long-url"])]
+    assert [len(h) for h in long_urls] == [LONG_URL_LENGTH]
+    for name, path in HOSTILE_PAGES.items():
+        if name != "long-url":
+            assert re.search(f'class="product-link" href="{path}"', html), name
+    first_product = next(i for i, h in enumerate(hrefs) if h.startswith("/product/"))
+    assert hrefs.index("file:///dev/zero") < first_product, "traps come before the products"
+    assert hostile_shop.stats()["hostile_links"] == [
+        h for h in hrefs if h in traps or h.startswith("/hostile/")
+    ]
+
+
+def test_shop_without_hostile_mode_has_no_traps(shop: ShopServer) -> None:
+    category = shop.catalogue()["categories"][0]
+    _, _, html = _fetch(shop.url(category["url"]))
+    assert "/hostile/" not in html
+    assert "file:" not in html
+    for path in [*HOSTILE_PAGES.values(), *STRAY_PATHS]:
+        assert _fetch(shop.url(path))[0] == 404
+    stats = shop.stats()
+    assert stats["config"]["hostile"] is False
+    assert stats["hostile"] == {}
+    assert stats["hostile_links"] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "retry_after"),
+    [
+        ("retry-after-huge", 503, "99999999999"),
+        ("retry-after-garbage", 503, "soon"),
+        ("throttled", 429, None),
+    ],
+)
+def test_hostile_error_pages_answer_the_same_for_ever(
+    fresh_hostile_shop: ShopServer, name: str, status: int, retry_after: str | None
+) -> None:
+    for _ in range(3):
+        code, headers, _ = _fetch(fresh_hostile_shop.url(HOSTILE_PAGES[name]))
+        assert (code, headers.get("Retry-After")) == (status, retry_after)
+    stats = fresh_hostile_shop.stats()
+    assert stats["hostile"] == {name: 3}
+    assert stats["statuses"] == {str(status): 3}
+
+
+def test_huge_page_is_streamed_without_holding_it(fresh_hostile_shop: ShopServer) -> None:
+    with _OPENER.open(fresh_hostile_shop.url(HOSTILE_PAGES["huge"]), timeout=30) as response:
+        assert response.headers["Content-Length"] is None
+        assert response.headers["Transfer-Encoding"] == "chunked"
+        size = 0
+        while chunk := response.read(1 << 20):
+            size += len(chunk)
+            tail = chunk
+    assert size == 30_000_000
+    assert b'<span class="sku">HOSTILE-HUGE</span>' in tail, "the product comes last"
+    stats = fresh_hostile_shop.stats()
+    assert stats["hostile"] == {"huge": 1}
+    assert stats["hostile_sent"] == {"huge": 30_000_000}
+    assert stats["hostile_completed"] == {"huge": 1}
+    assert fresh_hostile_shop._process is not None
+    assert _vm_hwm(fresh_hostile_shop._process.pid) < 200 * 2**20
+
+
+def test_huge_page_stops_when_its_client_goes(fresh_hostile_shop: ShopServer) -> None:
+    with _raw_get(fresh_hostile_shop.port, HOSTILE_PAGES["huge"]) as conn:
+        received = 0
+        while received < 1 << 20:
+            received += len(conn.recv(1 << 16))
+    time.sleep(0.5)
+    stats = fresh_hostile_shop.stats()
+    assert stats["hostile"] == {"huge": 1}
+    assert stats["hostile_sent"]["huge"] < 15_000_000
+    assert stats["hostile_completed"] == {}
+
+
+def test_stall_page_sends_a_little_then_nothing_for_a_bounded_time(
+    fresh_hostile_shop: ShopServer,
+) -> None:
+    started = time.monotonic()
+    with _raw_get(fresh_hostile_shop.port, HOSTILE_PAGES["stall"]) as conn:
+        first = b""
+        while b"<body>" not in first:
+            first += conn.recv(65536)
+        assert time.monotonic() - started < 1.0, "headers and a little body come at once"
+        assert first.startswith(b"HTTP/1.1 200 OK")
+        assert b"HOSTILE-STALL" not in first
+        rest = b""
+        while not rest.endswith(b"0\r\n\r\n"):
+            rest += conn.recv(65536)
+    assert time.monotonic() - started >= 1.0
+    assert b"HOSTILE-STALL" in rest
+    assert fresh_hostile_shop.stats()["hostile_completed"] == {"stall": 1}
+
+
+def test_stall_page_is_dropped_when_its_client_goes(fresh_hostile_shop: ShopServer) -> None:
+    with _raw_get(fresh_hostile_shop.port, HOSTILE_PAGES["stall"]) as conn:
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    time.sleep(1.5)
+    stats = fresh_hostile_shop.stats()
+    assert stats["hostile"] == {"stall": 1}
+    assert stats["hostile_completed"] == {}
+
+
+def test_stray_paths_and_the_long_url_are_counted(fresh_hostile_shop: ShopServer) -> None:
+    for path in STRAY_PATHS:
+        assert _fetch(fresh_hostile_shop.url(path))[0] == 404
+    long_url = HOSTILE_PAGES["long-url"] + "x" * 100
+    status, _, html = _fetch(fresh_hostile_shop.url(long_url))
+    assert status == 200
+    assert "HOSTILE-LONG-URL" in html, "a crawl that fetched it would store a product"
+    assert fresh_hostile_shop.stats()["hostile"] == {
+        **{f"stray:{path}": 1 for path in STRAY_PATHS},
+        "long-url": 1,
+    }
+
+
+def test_canary_records_every_connection() -> None:
+    with Canary() as canary:
+        assert canary.connections == 0
+        with socket.create_connection(("127.0.0.1", canary.port), timeout=5) as conn:
+            conn.sendall(b"GET /FLUSHALL HTTP/1.1\r\n\r\n")
+        wait_for(lambda: canary.received, 5, "the canary to record the request")
+        assert canary.connections == 1
+        assert canary.received == [b"GET /FLUSHALL HTTP/1.1\r\n\r\n"]
+
+
+@pytest.mark.parametrize(
+    "argv", [["--hostile-ports", "0"], ["--hostile-ports", "65536"], ["--stall-seconds", "-1"]]
+)
+def test_hostile_options_are_checked(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+def test_hostile_options_parse() -> None:
+    config = parse_args(["--hostile", "--hostile-ports", "1", "2", "--hostile-ports", "3"])
+    assert (config.hostile, config.hostile_ports) == (True, (1, 2, 3))
+    assert config.as_dict()["hostile_ports"] == [1, 2, 3]
+    assert (config.huge_bytes, config.stall_seconds) == (30_000_000, 60.0)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import pymongo
 import pytest
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 
+from project.frontier.engine import requests_in_progress
 from project.items import ProductItem
 from project.ops.services import ServicesConfig, free_port, start_mongo, stop_service
 from project.storage.journal import Journal, journal_backlog
@@ -32,7 +33,9 @@ from tests.site.server import ShopServer
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
+    from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from twisted.python.failure import Failure
 
 
 # --- the spider and how crawls run ------------------------------------------------------------
@@ -75,6 +78,29 @@ class ShopSpider(Spider):
             breadcrumb=response.css("ol.breadcrumb li a::text").getall(),
             image_urls=response.css("img.product-image::attr(src)").getall(),
         )
+
+
+class ItemErrorProbe:
+    """Counts item errors, and those whose page the engine still holds (``probe/item_error/*``).
+
+    What the frontier needs to refuse the page's ack: Scrapy's ``item_error`` signal carries the
+    response, and its request has not left the engine yet.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        crawler.signals.connect(self.item_error, signal=signals.item_error)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ItemErrorProbe:
+        return cls(crawler)
+
+    def item_error(self, item: Any, response: Response, spider: Spider, failure: Failure) -> None:
+        stats = self.crawler.stats
+        assert stats is not None
+        stats.inc_value(f"probe/item_error/{type(failure.value).__name__}")
+        if response.request in requests_in_progress(self.crawler):
+            stats.inc_value("probe/item_error/in_progress")
 
 
 def crawl_settings(uri: str, database: str, journal: Path, **extra: Any) -> dict[str, Any]:
@@ -124,16 +150,19 @@ class Crawl:
             )
 
     def wait(self, timeout: float = 60) -> dict[str, Any]:
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
+        code = self.exit_code(timeout)
         stderr = self.stderr_path.read_text(errors="replace")
         assert code == 0, f"crawl exited with {code}:\n{self.log()[-3000:]}\n{stderr[-3000:]}"
         stats: dict[str, Any] = json.loads(self.stats_path.read_text())
         assert stats["finish_reason"] == "finished", stats
         return stats
+
+    def exit_code(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -151,6 +180,7 @@ def _crawl_main(config_path: str) -> None:
     process = CrawlerProcess(config["settings"])
     process.crawl(ShopSpider, start_url=config["start_url"])
     process.start()
+    sys.exit(1 if process.bootstrap_failed else 0)  # as `scrapy crawl` does
 
 
 @pytest.fixture

@@ -30,9 +30,10 @@ class _ShopSpider(Spider):
     name = "shop"
 
 
-def _store(
+def make_store(
     uri: str, database: str, journal: Path, **settings: Any
 ) -> tuple[MongoStore, StatsCollector]:
+    """A store built the way the pipelines build it, and its crawler's stats."""
     crawler = get_crawler(
         _ShopSpider,
         {
@@ -49,7 +50,8 @@ def _store(
     return MongoStore.from_crawler(crawler), crawler.stats
 
 
-def _product(number: int, **changes: Any) -> Product:
+def make_product(number: int, **changes: Any) -> Product:
+    """Product *number* of a made-up shop, with *changes* validated in."""
     data = {
         **VALID,
         "url": f"http://shop.test/product/{number}?ref=x",
@@ -63,16 +65,18 @@ def test_store_upserts_and_counts_changes(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
     async def crawl(products: list[Product]) -> dict[str, Any]:
-        store, stats = _store(services.mongo_url, mongo.name, tmp_path / "j", MONGO_BATCH_SIZE=10)
+        store, stats = make_store(
+            services.mongo_url, mongo.name, tmp_path / "j", MONGO_BATCH_SIZE=10
+        )
         await store.open()
         await asyncio.gather(*(store.save_product(p) for p in products))
         await store.close()
         return stats.get_stats()
 
-    first = asyncio.run(crawl([_product(n) for n in range(25)]))
+    first = asyncio.run(crawl([make_product(n) for n in range(25)]))
     before = {d["_id"]: d for d in mongo.products.find()}
     second = asyncio.run(
-        crawl([_product(n, price="1.00") if n < 5 else _product(n) for n in range(25)])
+        crawl([make_product(n, price="1.00") if n < 5 else make_product(n) for n in range(25)])
     )
     after = {d["_id"]: d for d in mongo.products.find()}
     index_keys = [list(index["key"]) for index in mongo.products.list_indexes()]
@@ -95,7 +99,7 @@ def test_store_upserts_and_counts_changes(
         assert doc["last_seen"] > before[key]["last_seen"]
     changed = after["http://shop.test/product/1"]
     assert changed["price"] == "1.00"
-    assert changed["content_hash"] == _product(1, price="1.00").content_hash()
+    assert changed["content_hash"] == make_product(1, price="1.00").content_hash()
     assert (
         after["http://shop.test/product/9"]["content_hash"]
         == before["http://shop.test/product/9"]["content_hash"]
@@ -106,7 +110,7 @@ def test_save_returns_once_the_product_is_in_mongodb(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
     async def save() -> None:
-        store, _ = _store(
+        store, _ = make_store(
             services.mongo_url,
             mongo.name,
             tmp_path / "j",
@@ -114,7 +118,7 @@ def test_save_returns_once_the_product_is_in_mongodb(
             MONGO_FLUSH_INTERVAL=0.2,
         )
         await store.open()
-        await store.save_product(_product(1))
+        await store.save_product(make_product(1))
         assert mongo.products.count_documents({}) == 1
         await store.close()
 
@@ -136,7 +140,7 @@ def test_store_journals_while_unreachable_and_replays_at_next_start(
     dead = f"mongodb://fleet:s3cret@127.0.0.1:{free_port()}"
 
     async def run(uri: str, products: list[Product]) -> dict[str, Any]:
-        store, stats = _store(uri, mongo.name, journal)
+        store, stats = make_store(uri, mongo.name, journal)
         await store.open()
         await asyncio.gather(*(store.save_product(p) for p in products))
         await store.save_reject(
@@ -146,14 +150,14 @@ def test_store_journals_while_unreachable_and_replays_at_next_start(
         return stats.get_stats()
 
     with caplog.at_level(logging.INFO, logger="project.storage.store"):
-        down = asyncio.run(run(dead, [_product(n) for n in range(30)]))
+        down = asyncio.run(run(dead, [make_product(n) for n in range(30)]))
     gc.collect()
     assert down["mongo/journaled"] == 31
     assert journal_backlog(journal) == 31
     assert "MongoDB unreachable" in caplog.text
     assert "s3cret" not in caplog.text
 
-    up = asyncio.run(run(services.mongo_url, [_product(n) for n in range(20, 40)]))
+    up = asyncio.run(run(services.mongo_url, [make_product(n) for n in range(20, 40)]))
     assert journal_backlog(journal) == 0
     # Items saved while the old journal replays are journaled too (replays keep the order).
     assert up["mongo/replayed"] == 31 + up.get("mongo/journaled", 0)

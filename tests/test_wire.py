@@ -113,3 +113,52 @@ def test_meta_that_would_run_code_on_nodes_is_refused(spider: ProductsSpider, me
     crafted = json.dumps({"url": "http://shop.test/", "meta": meta})
     with pytest.raises(UnserializableRequestError, match="cannot travel"):
         decode_request(crafted, spider)
+
+
+# -- a payload read back from Redis is a stranger's (issue 12, row 17) -----------------------
+
+
+def test_decoding_drops_node_local_meta_from_a_payload_row_17(spider: ProductsSpider) -> None:
+    forged = json.dumps(
+        {
+            "url": "http://shop.test/p",
+            "meta": {
+                "_frontier_outcome": {"action": "dead"},
+                "_frontier_lease": True,
+                "download_slot": "elsewhere",
+                "depth": 2,
+            },
+        }
+    )
+    request, _ = decode_request(forged, spider)
+    assert request.meta == {"depth": 2}
+
+
+@pytest.mark.parametrize(
+    "callback", ["__init__", "__class__", "name", "custom_settings", "nope", "a b", 5, ["parse"]]
+)
+def test_a_payload_callback_must_name_a_spider_method_row_17(spider: ProductsSpider, callback) -> None:
+    forged = json.dumps({"url": "http://shop.test/p", "callback": callback})
+    with pytest.raises(UnserializableRequestError, match="callback"):
+        decode_request(forged, spider)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [1, 2],
+        "http://shop.test/",
+        {"url": 5},
+        {"url": "http://s/", "priority": "high"},
+        {"url": "http://s/", "priority": True},
+        {"url": "http://s/", "meta": []},
+        {"url": "http://s/", "headers": "X: 1"},
+        {"url": "http://s/", "cb_kwargs": [1]},
+        {"url": "http://s/", "dont_filter": "yes"},
+        {"url": "http://s/", "body_b64": "!!!"},
+        {"url": "http://s/", "class": "os.system"},
+    ],
+)
+def test_a_payload_of_the_wrong_shape_is_refused(spider: ProductsSpider, doc) -> None:
+    with pytest.raises(ValueError):  # UnserializableRequestError, or binascii's for base64
+        decode_request(json.dumps(doc), spider)

@@ -64,8 +64,17 @@ class FrontierConfig:
     keep_alive: bool = setting("FRONTIER_KEEP_ALIVE", False)
     idle_poll_max: float = setting("FRONTIER_IDLE_POLL_MAX", 1.0)
     maintenance_seconds: float = setting("FRONTIER_MAINTENANCE_SECONDS", 1.0)
+    max_lease_seconds: float = setting("FRONTIER_MAX_LEASE_SECONDS", 600.0)
+    max_deliveries: int = setting("FRONTIER_MAX_DELIVERIES", 3)
+    #: How long a starting node waits for Redis before it gives up.
+    connect_timeout: float = setting("FRONTIER_CONNECT_TIMEOUT", 20.0)
     redis_url: str = setting("REDIS_URL", "redis://127.0.0.1:6379/0")
     site_key: str = setting("FLEET_SITE_KEY", "domain")
+    site_ip_ttl: float = setting("FLEET_SITE_IP_TTL", 300.0)
+    #: "seeds": requests found on pages stay on the seeds' sites; "any": they may go anywhere
+    #: public (a spider's allowed_domains, when it has them, decide instead).
+    follow: str = setting("FRONTIER_FOLLOW", "seeds")
+    allowed_sites: list[str] = setting("FRONTIER_ALLOWED_SITES", [])
     site_limits: dict[str, dict[str, float]] = setting("FLEET_SITE_LIMITS", {})
     #: Scrapy's CONCURRENT_REQUESTS: what the node downloads at once.
     concurrency: int = 16
@@ -87,8 +96,14 @@ class FrontierConfig:
                 f"FRONTIER_HEARTBEAT_SECONDS ({config.heartbeat_seconds}) must be below"
                 f" FRONTIER_LEASE_SECONDS ({config.lease_seconds}), or leases expire while held"
             )
+        if not config.max_lease_seconds > 0 or config.max_deliveries < 1:
+            raise NotConfigured(
+                "FRONTIER_MAX_LEASE_SECONDS must be > 0 and FRONTIER_MAX_DELIVERIES at least 1"
+            )
         if config.batch_max < 1 or config.batch_max > 2000:
             raise NotConfigured("FRONTIER_BATCH_MAX must be between 1 and 2000")
+        if config.follow not in {"seeds", "any"}:
+            raise NotConfigured(f"FRONTIER_FOLLOW must be 'seeds' or 'any', not {config.follow!r}")
         if config.site_key not in {"domain", "ip"}:
             raise NotConfigured(f"FLEET_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}")
         if "\n" in config.node_id:
@@ -116,6 +131,10 @@ class RetryConfig:
     http_codes: list[int] = setting("FRONTIER_RETRY_HTTP_CODES", _RETRY_HTTP_CODES)
     backoff_base: float = setting("FRONTIER_RETRY_BACKOFF_BASE", 1.0)
     backoff_max: float = setting("FRONTIER_RETRY_BACKOFF_MAX", 60.0)
+    #: A Retry-After pauses its site fleet-wide for at most this long.
+    retry_after_max_pause: float = setting("FRONTIER_RETRY_AFTER_MAX_PAUSE", 60.0)
+    #: A request told to wait longer than this is dead-lettered at once.
+    retry_after_max_wait: float = setting("FRONTIER_RETRY_AFTER_MAX_WAIT", 3600.0)
     #: Scrapy's RETRY_EXCEPTIONS, loaded.
     exceptions: tuple[type[BaseException], ...] = ()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scrapy.exceptions import NotConfigured
 from scrapy_redis import defaults
 
 from project.config import read_settings, setting
@@ -76,6 +77,9 @@ class FrontierKeys:
     history: str
     history_leader: str
     layout: str
+    deliveries: str
+    allowed: str
+    recent: str
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -86,20 +90,29 @@ class FrontierKeys:
     def for_spider(cls, spider: str, templates: KeyTemplates | None = None) -> Self:
         """The keys of *spider* (scrapy-redis' default names without *templates*)."""
         t = templates or KeyTemplates()
-        prefix = t.prefix % {"spider": spider}
+        try:
+            prefix = t.prefix % {"spider": spider}
+            queue = t.queue % {"spider": spider}
+            dupefilter = t.dupefilter % {"spider": spider}
+            start_urls = t.start_urls % {"name": spider}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise NotConfigured(
+                "SCHEDULER_QUEUE_KEY, SCHEDULER_DUPEFILTER_KEY and FRONTIER_KEY_PREFIX may use"
+                f" %(spider)s, REDIS_START_URLS_KEY %(name)s; nothing else ({exc!r})"
+            ) from exc
         own = {
             name: f"{prefix}:{name}"
             for name in (
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
-                "history", "layout",
+                "history", "layout", "deliveries", "allowed", "recent",
             )
         }  # fmt: skip
         return cls(
             spider=spider,
-            queue=t.queue % {"spider": spider},
-            dupefilter=t.dupefilter % {"spider": spider},
-            start_urls=t.start_urls % {"name": spider},
+            queue=queue,
+            dupefilter=dupefilter,
+            start_urls=start_urls,
             history_leader=f"{prefix}:history:leader",
             **own,
         )

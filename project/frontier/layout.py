@@ -2,7 +2,8 @@
 
 Layout 2 carries a request's site in its in-flight member (``<node>\\nR<site>\\n<payload>``)
 and in its delayed member (``<site>\\n<payload>``); layout 1 left it out and parsed it
-from the payload. The first node of a newer fleetcrawl rewrites the old members once,
+from the payload. Layout 3 records when each site was last leased (``<prefix>:recent``),
+so the counters of idle sites can be forgotten. The first node of a newer fleetcrawl rewrites the old members once,
 under a lock, and records the version in ``<prefix>:layout``; later starts cost one GET.
 Stop every node of the older version before starting the new one.
 """
@@ -24,7 +25,7 @@ __all__ = ["LAYOUT_VERSION", "ensure_layout"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 _LOCK_SECONDS = 120.0  # long enough to rewrite a large delayed set
 _SCAN_COUNT = 1000
 
@@ -67,6 +68,20 @@ async def _rewrite(server: Redis, key: str, upgrade: Any) -> int:
     return rewritten
 
 
+async def _date_sites(server: Redis, keys: FrontierKeys) -> None:
+    """Layout 3: every site with counters gets a last-leased time (now, by Redis' clock)."""
+    seconds, micros = await server.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    batch: dict[Any, int] = {}
+    async for site, _ in server.hscan_iter(keys.leases, count=_SCAN_COUNT):
+        batch[site] = now
+        if len(batch) >= _SCAN_COUNT:
+            await server.zadd(keys.recent, batch, nx=True)
+            batch = {}
+    if batch:
+        await server.zadd(keys.recent, batch, nx=True)
+
+
 async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
     """Bring the spider's frontier to :data:`LAYOUT_VERSION`; returns the members rewritten."""
     current = str(LAYOUT_VERSION).encode()
@@ -75,10 +90,14 @@ async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
     async with server.lock(
         f"{keys.layout}:lock", timeout=_LOCK_SECONDS, blocking_timeout=_LOCK_SECONDS
     ):
-        if await server.get(keys.layout) == current:
+        found = await server.get(keys.layout)
+        if found == current:
             return 0
-        inflight = await _rewrite(server, keys.inflight, _upgraded_inflight)
-        delayed = await _rewrite(server, keys.delayed, _upgraded_delayed)
+        inflight = delayed = 0
+        if found is None or int(found) < 2:
+            inflight = await _rewrite(server, keys.inflight, _upgraded_inflight)
+            delayed = await _rewrite(server, keys.delayed, _upgraded_delayed)
+        await _date_sites(server, keys)
         await server.set(keys.layout, current)
     if inflight or delayed:
         logger.warning(

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from project.frontier.queue import Leased, LeasedQueue
     from project.storage.deadletters import DeadLetterSink
 
-__all__ = ["LEASE_META_KEY", "OUTCOME_META_KEY", "FrontierLoop"]
+__all__ = ["LEASE_META_KEY", "OUTCOME_META_KEY", "SEED_META_KEY", "FrontierLoop"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,16 @@ logger = logging.getLogger(__name__)
 OUTCOME_META_KEY = "_frontier_outcome"
 #: request.meta key of a request this node holds a lease on.
 LEASE_META_KEY = "_frontier_lease"
+#: request.meta key of a request made from a seed: its site is one the crawl may visit.
+SEED_META_KEY = "_frontier_seed"
 
 _BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
 _BACKOFF_MAX = 10.0
+
+
+def _rescope(scope: str, ip: dict[str, str]) -> str:
+    # A redirect's scope names the site it came from: by IP too.
+    return "~" + ip[scope[1:]] if scope.startswith("~") else scope
 
 
 @dataclass(slots=True)
@@ -48,6 +55,18 @@ class _Lease:
     member: bytes
     site: str
     payload: bytes
+    leased_at: float = 0.0  # monotonic time the node took it
+
+
+@dataclass(slots=True)
+class _Settlement:
+    """An ack, retry, dead letter or pause, sent once the requests buffered before it are."""
+
+    after: int  # requests buffered up to then: all must be in Redis first
+    acks: list[bytes]
+    retries: list[tuple[bytes, int, str, bytes]]
+    dead: list[tuple[bytes, bytes]]
+    pauses: list[tuple[str, int]]
 
 
 class FrontierLoop:
@@ -72,15 +91,19 @@ class FrontierLoop:
         self.config = config
         self.queue = queue
         self.dead_sink = dead_sink
+        self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
         self.finished = False
         self._heap: list[tuple[float, int, Request, _Lease]] = []
         self._heap_counter = 0
         self._consumed = 0  # requests dispatched since the last round trip
         self._dispatched: dict[Request, _Lease] = {}
-        self._enqueue: list[tuple[bytes, str, int, bytes]] = []
-        self._settle = StepBatch()
+        self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []
+        self._buffered = 0  # requests ever buffered; the first ones leave with each step
+        self._sent = 0  # requests ever sent
+        self._settlements: list[_Settlement] = []
+        self._stale: set[bytes] = set()  # leases past FRONTIER_MAX_LEASE_SECONDS
         self._latency: dict[str, list[float]] = {}
-        self._resolver = SiteResolver() if config.site_key == "ip" else None
+        self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
         self._next_wake: float | None = None  # monotonic time a throttled site may go
         self._seeds_maybe = True
         self._counts: tuple[int, int, int, int] | None = None
@@ -94,9 +117,12 @@ class FrontierLoop:
 
     # -- engine side (no I/O) ----------------------------------------------
 
-    def buffer(self, fingerprint: bytes, site: str, priority: int, payload: bytes) -> None:
-        """Queue a request for the next round trip."""
-        self._enqueue.append((fingerprint, site, priority, payload))
+    def buffer(
+        self, fingerprint: bytes, site: str, priority: int, payload: bytes, scope: str
+    ) -> None:
+        """Queue a request for the next round trip (*scope*: see lua/step/enqueue.lua)."""
+        self._enqueue.append((fingerprint, site, priority, payload, scope))
+        self._buffered += 1
         if len(self._enqueue) >= self.config.batch_max:
             self._wakeup.set()
 
@@ -198,8 +224,29 @@ class FrontierLoop:
         return bool(self._enqueue or self._dispatched or self._want())
 
     def _has_settlements(self) -> bool:
-        s = self._settle
-        return bool(s.acks or s.retries or s.dead or s.pauses)
+        return bool(self._settlements)
+
+    def _settle(
+        self,
+        *,
+        ack: bytes | None = None,
+        retry: tuple[bytes, int, str, bytes] | None = None,
+        dead: tuple[bytes, bytes] | None = None,
+        pause: tuple[str, int] | None = None,
+    ) -> None:
+        """Queue one settlement behind every request buffered so far (its children)."""
+        last = self._settlements[-1] if self._settlements else None
+        if last is None or last.after != self._buffered:
+            last = _Settlement(self._buffered, [], [], [], [])
+            self._settlements.append(last)
+        if ack is not None:
+            last.acks.append(ack)
+        if retry is not None:
+            last.retries.append(retry)
+        if dead is not None:
+            last.dead.append(dead)
+        if pause is not None:
+            last.pauses.append(pause)
 
     def _on_redis_error(self, exc: RedisError) -> None:
         self.stats.inc_value("frontier/redis_errors")
@@ -242,19 +289,24 @@ class FrontierLoop:
         inprogress = set() if force else requests_in_progress(self.crawler)
         for request in [r for r in self._dispatched if r not in inprogress]:
             lease = self._dispatched.pop(request)
+            self._stale.discard(lease.member)
             outcome = request.meta.get(OUTCOME_META_KEY)
             if outcome is None:
-                self._settle.acks.append(lease.member)
+                self._settle(ack=lease.member)
                 continue
             if outcome["action"] == "retry":
-                payload = encode_request(request, self.spider, id=os.urandom(6).hex())
-                delay_ms = int(outcome["delay"] * 1000)
-                self._settle.retries.append((lease.member, delay_ms, lease.site, payload))
-            else:
+                try:
+                    payload = encode_request(request, self.spider, id=os.urandom(6).hex())
+                except Exception as exc:  # noqa: BLE001 (whatever it is, this one request pays)
+                    outcome = {**outcome, "action": "dead", "error": f"cannot retry: {exc}"}
+                else:
+                    delay_ms = int(outcome["delay"] * 1000)
+                    self._settle(retry=(lease.member, delay_ms, lease.site, payload))
+            if outcome["action"] != "retry":
                 record = self._dead_record(request.url, lease.site, outcome, lease.payload)
-                self._settle.dead.append((lease.member, record))
+                self._settle(dead=(lease.member, record))
             if outcome.get("pause"):
-                self._settle.pauses.append((lease.site, int(outcome["pause"] * 1000)))
+                self._settle(pause=(lease.site, int(outcome["pause"] * 1000)))
 
     def _dead_record(
         self, url: str, site: str | None, outcome: dict[str, Any], payload: bytes | None
@@ -278,23 +330,30 @@ class FrontierLoop:
         now = time.monotonic()
         batch = StepBatch(want=want, seed_want=seed_want)
         batch.enqueue = self._enqueue[: self.config.batch_max]
-        # Settle a lease only once everything its callback produced is sent.
-        settle = len(batch.enqueue) == len(self._enqueue)
-        if settle:
-            s = self._settle
-            batch.acks, batch.retries, batch.dead, batch.pauses = (
-                s.acks,
-                s.retries,
-                s.dead,
-                s.pauses,
-            )
+        # Settle a lease only once everything its callback produced is sent: in an
+        # earlier round trip, or in this one (the script enqueues before it settles).
+        sent_after = self._sent + len(batch.enqueue)
+        settled = 0
+        for settlement in self._settlements:
+            if settlement.after > sent_after:
+                break
+            batch.acks += settlement.acks
+            batch.retries += settlement.retries
+            batch.dead += settlement.dead
+            batch.pauses += settlement.pauses
+            settled += 1
         if self._latency:
             batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
         if self._resolver is not None:
             await self._key_by_ip(batch, self._resolver)
         if now - self._last_heartbeat >= self.config.heartbeat_seconds:
             batch.heartbeat = [lease.member for *_, lease in self._heap]
-            batch.heartbeat += [lease.member for lease in self._dispatched.values()]
+            batch.heartbeat += self._live_leases(now)
+            # Leases waiting for their children to reach Redis are still held.
+            for settlement in self._settlements[settled:]:
+                batch.heartbeat += settlement.acks
+                batch.heartbeat += [member for member, *_ in settlement.retries]
+                batch.heartbeat += [member for member, _ in settlement.dead]
         batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
         result = await self.queue.step(batch)
         self.stats.inc_value("frontier/round_trips")
@@ -306,13 +365,17 @@ class FrontierLoop:
             self._count("frontier/site_paused", len(batch.pauses))
         # Only now, with the step known to have run, drop what it carried.
         del self._enqueue[: len(batch.enqueue)]
-        if settle:
-            self._settle = StepBatch()
-            self._count("frontier/acked", len(batch.acks))
-            self._count("frontier/retried", len(batch.retries))
-            self._count("frontier/dead", len(batch.dead))
-            if batch.dead:
-                self.dead_sink.add([record for _, record in batch.dead])
+        self._sent = sent_after
+        del self._settlements[:settled]
+        self._count("frontier/acked", len(batch.acks))
+        self._count("frontier/retried", len(batch.retries))
+        self._count("frontier/dead", len(batch.dead))
+        if batch.dead:
+            self.dead_sink.add([record for _, record in batch.dead])
+        if result.poisoned:
+            self._on_poisoned(result.poisoned)
+        self._count("frontier/settled_stale", result.stale)
+        self._count("frontier/refused/offsite", result.offsite)
         if batch.heartbeat:
             self._last_heartbeat = now
         if batch.maintain:
@@ -339,11 +402,14 @@ class FrontierLoop:
 
     async def _key_by_ip(self, batch: StepBatch, resolver: SiteResolver) -> None:
         """Sites named by IP. Retries and pauses keep the site their lease was granted under."""
+        names = {entry[1] for entry in batch.enqueue} | {s for s, _, _ in batch.latency}
+        names |= {scope[1:] for *_, scope in batch.enqueue if scope.startswith("~")}
+        ip = await resolver.resolve_all(names)
         batch.enqueue = [
-            (fp, await resolver.resolve(site), priority, payload)
-            for fp, site, priority, payload in batch.enqueue
+            (fp, ip[site], priority, payload, _rescope(scope, ip))
+            for fp, site, priority, payload, scope in batch.enqueue
         ]
-        batch.latency = [(await resolver.resolve(s), total, n) for s, total, n in batch.latency]
+        batch.latency = [(ip[s], total, n) for s, total, n in batch.latency]
 
     def _count(self, key: str, n: int) -> None:
         if n:
@@ -351,25 +417,20 @@ class FrontierLoop:
 
     def _accept_leases(self, leased: list[Leased]) -> None:
         self._count("frontier/leased", len(leased))
+        now = time.monotonic()
         for entry in leased:
             member = self.queue.request_member(entry.site, entry.payload)
             try:
                 request, _ = decode_request(entry.payload, self.spider)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self.stats.inc_value("frontier/undecodable")
-                logger.error(
-                    "Dead-lettering an undecodable queue entry (%s): %s",
-                    exc,
-                    preview(entry.payload),
-                    extra={"spider": self.spider},
-                )
-                outcome = {"error": f"undecodable: {exc}", "kind": "payload"}
-                record = self._dead_record("", entry.site, outcome, entry.payload)
-                self._settle.dead.append((member, record))
+            except Exception as exc:  # noqa: BLE001 (a payload from Redis costs at most itself)
+                self._refuse(member, "payload", "", entry.site, entry.payload, exc)
                 continue
             request.meta[LEASE_META_KEY] = True
+            # The downloader gives up before the lease is too old to be held.
+            timeout = request.meta.get("download_timeout", self.download_timeout)
+            request.meta["download_timeout"] = min(timeout, self.config.max_lease_seconds)
             self._heap_counter += 1
-            lease = _Lease(member, entry.site, entry.payload)
+            lease = _Lease(member, entry.site, entry.payload, now)
             heapq.heappush(self._heap, (entry.score, self._heap_counter, request, lease))
 
     def _accept_seeds(self, seeds: list[bytes], asked: int) -> None:
@@ -379,22 +440,74 @@ class FrontierLoop:
             member = self.queue.seed_member(raw)
             try:
                 request = self.spider.request_from_seed(raw)  # type: ignore[attr-defined]
-            except InvalidSeed as exc:
-                self.stats.inc_value("frontier/seeds/rejected")
-                self.stats.inc_value(f"frontier/seeds/rejected/{exc.code}")
-                logger.warning(
-                    "Rejected seed %r: %s", preview(raw), exc, extra={"spider": self.spider}
-                )
-                outcome = {"error": str(exc), "kind": "seed"}
-                record = self._dead_record(preview(raw), None, outcome, None)
-                self._settle.dead.append((member, record))
+                request.meta[SEED_META_KEY] = True
+                # Scheduled through the engine like any request; the seed's own
+                # lease is acked in the same round trip that enqueues it.
+                assert self.crawler.engine is not None
+                self.crawler.engine.crawl(request)
+            except Exception as exc:  # noqa: BLE001 (a seed from Redis costs at most itself)
+                self._refuse(member, "seed", preview(raw), None, None, exc)
                 continue
             self.stats.inc_value("frontier/seeds/accepted")
-            # Scheduled through the engine like any request; the seed's own
-            # lease is acked in the same round trip that enqueues it.
-            assert self.crawler.engine is not None
-            self.crawler.engine.crawl(request)
-            self._settle.acks.append(member)
+            self._settle(ack=member)
+
+    def _refuse(
+        self,
+        member: bytes,
+        kind: str,
+        url: str,
+        site: str | None,
+        payload: bytes | None,
+        exc: Exception,
+    ) -> None:
+        """Dead-letter one seed or queue entry that cannot become a request, with its reason."""
+        code = exc.code if isinstance(exc, InvalidSeed) else type(exc).__name__
+        reason = str(exc)[:300] or type(exc).__name__
+        if kind == "seed":
+            self.stats.inc_value("frontier/seeds/rejected")
+            self.stats.inc_value(f"frontier/seeds/rejected/{code}")
+            logger.warning("Rejected seed %r: %s", url, reason, extra={"spider": self.spider})
+        else:
+            self.stats.inc_value("frontier/undecodable")
+            logger.error(
+                "Dead-lettering an undecodable queue entry (%s): %s",
+                reason,
+                preview(payload or b""),
+                extra={"spider": self.spider},
+            )
+            reason = f"undecodable: {reason}"
+        outcome = {"error": reason, "kind": kind}
+        self._settle(dead=(member, self._dead_record(url, site, outcome, payload)))
+
+    def _live_leases(self, now: float) -> list[bytes]:
+        """Leases to heartbeat: a lease older than FRONTIER_MAX_LEASE_SECONDS is let go."""
+        live = []
+        for request, lease in self._dispatched.items():
+            if now - lease.leased_at <= self.config.max_lease_seconds:
+                live.append(lease.member)
+            elif lease.member not in self._stale:
+                self._stale.add(lease.member)
+                self.stats.inc_value("frontier/lease_too_old")
+                logger.warning(
+                    "%s is still in progress after %.0fs (FRONTIER_MAX_LEASE_SECONDS): its lease"
+                    " is no longer extended, so another node retries it",
+                    request,
+                    now - lease.leased_at,
+                    extra={"spider": self.spider},
+                )
+        return live
+
+    def _on_poisoned(self, records: list[bytes]) -> None:
+        """Entries whose leases expired FRONTIER_MAX_DELIVERIES times: dead letters now."""
+        self._count("frontier/poison", len(records))
+        self.dead_sink.add(records)
+        for raw in records:
+            logger.error(
+                "Dead-lettered a request whose lease expired %d times (it may kill nodes): %s",
+                self.config.max_deliveries,
+                preview(raw),
+                extra={"spider": self.spider},
+            )
 
     def _check_finished(self, moved: bool) -> None:
         local_busy = bool(

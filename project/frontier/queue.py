@@ -25,8 +25,8 @@ __all__ = ["Leased", "LeasedQueue", "StepBatch", "StepResult"]
 class StepBatch:
     """Everything one round trip sends (the ARGV sections of lua/step.lua)."""
 
-    #: (mode + fingerprint, site, priority, payload)
-    enqueue: list[tuple[bytes, str, int, bytes]] = field(default_factory=list)
+    #: (mode + fingerprint, site, priority, payload, scope)
+    enqueue: list[tuple[bytes, str, int, bytes, str]] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
     #: (member, delay in ms, site, payload)
     retries: list[tuple[bytes, int, str, bytes]] = field(default_factory=list)
@@ -64,6 +64,12 @@ class StepResult:
     counts: tuple[int, int, int, int] | None  # queued, delayed, inflight, seeds
     #: Milliseconds until the next throttled site may go, by Redis' clock.
     next_wake_ms: int | None
+    #: Dead-letter records of entries whose leases expired FRONTIER_MAX_DELIVERIES times.
+    poisoned: list[bytes] = field(default_factory=list)
+    #: Retries and dead letters dropped because their lease had been reaped meanwhile.
+    stale: int = 0
+    #: Requests dropped because their scope does not allow their site.
+    offsite: int = 0
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -84,6 +90,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
         node_id: str,
         lease_ms: int,
         limits: SiteLimits,
+        max_deliveries: int = 3,
     ) -> None:
         self.server = server
         self.spider = spider
@@ -92,6 +99,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
         self.node_id = node_id
         self.lease_ms = lease_ms
         self.limits = limits
+        self.max_deliveries = max_deliveries
         self.member_prefix = node_id.encode() + b"\n"
         self._scripts = {name: lua.load(name) for name in ("step", "release")}
         self._step = server.register_script(self._scripts["step"].source)
@@ -111,6 +119,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
             "want": batch.want,
             "seed_want": batch.seed_want,
             "maintain": batch.maintain,
+            "max_deliveries": self.max_deliveries,
             "limits": {
                 "rate": lim.rate,
                 "concurrency": lim.concurrency,
@@ -148,8 +157,9 @@ class LeasedQueue(Base):  # type: ignore[misc]
         for sample in batch.latency:
             argv += sample
         keys = self._scripts["step"].keys_from(self.keys)
-        added, dupes, leased, seeds, reaped, promoted, counts, wake = await self._step(
-            keys=keys, args=argv
+        reply = await self._step(keys=keys, args=argv)
+        added, dupes, leased, seeds, reaped, promoted, counts, wake, poisoned, stale, offsite = (
+            reply
         )
         return StepResult(
             added=int(added),
@@ -170,6 +180,9 @@ class LeasedQueue(Base):  # type: ignore[misc]
             if counts
             else None,
             next_wake_ms=None if wake is None else int(wake),
+            poisoned=list(poisoned),
+            stale=int(stale),
+            offsite=int(offsite),
         )
 
     async def release(self, members: list[bytes]) -> int:

@@ -8,7 +8,7 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
-from scrapy.exceptions import IgnoreRequest
+from scrapy.exceptions import DownloadCancelledError, IgnoreRequest
 
 from project.frontier.config import RetryConfig
 from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.statscollectors import StatsCollector
 
-__all__ = ["FrontierRetryMiddleware", "backoff_delay"]
+__all__ = ["FrontierRetryMiddleware", "RetryPolicy", "backoff_delay", "retry_after"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +32,17 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
     return random.uniform(ceiling / 2, ceiling)  # noqa: S311 (jitter, not crypto)
 
 
-def _retry_after(response: Response) -> float:
+def retry_after(response: Response) -> float:
+    """Seconds a response's Retry-After asks for: 0 when absent or unparseable."""
     value = response.headers.get(b"Retry-After")
     if not value:
         return 0.0
-    text = value.decode("latin-1").strip()
+    text = value.decode("latin-1").strip()[:64]
     if text.isdigit():
         return float(text)
     try:
         return max(0.0, parsedate_to_datetime(text).timestamp() - time.time())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return 0.0
 
 
@@ -49,6 +50,58 @@ def _retriable(request: Request) -> bool:
     # Only the frontier's own leases go back through Redis; requests a component
     # downloads directly (robots.txt) are not retried, as before.
     return bool(request.meta.get(LEASE_META_KEY)) and not request.meta.get("dont_retry")
+
+
+class RetryPolicy:
+    """What becomes of a leased request that failed: a retry through Redis, or a dead letter.
+
+    Its outcome goes into ``request.meta[OUTCOME_META_KEY]``; the frontier settles
+    the lease by it once the request has left the engine.
+    """
+
+    def __init__(self, config: RetryConfig, stats: StatsCollector, maxsize: int = 0) -> None:
+        self.config = config
+        self.stats = stats
+        self.maxsize = maxsize
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        assert crawler.stats is not None
+        settings = crawler.settings
+        return cls(
+            RetryConfig.from_settings(settings), crawler.stats, settings.getint("DOWNLOAD_MAXSIZE")
+        )
+
+    def why(self, request: Request, exception: Exception) -> str:
+        """What an exception without a message means here."""
+        if isinstance(exception, DownloadCancelledError):
+            limit = request.meta.get("download_maxsize", self.maxsize)
+            return f"larger than DOWNLOAD_MAXSIZE ({limit} bytes), or stopped"
+        return "no message"
+
+    def retry(self, request: Request, error: str, at_least: float) -> None:
+        retries = int(request.meta.get("retry_times", 0))
+        if retries < self.config.max_retries:
+            delay = max(
+                at_least, backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
+            )
+            request.meta["retry_times"] = retries + 1
+            request.meta[OUTCOME_META_KEY] = {"action": "retry", "delay": delay, "error": error}
+            self.stats.inc_value("frontier/retry/count")
+            self.stats.inc_value(f"frontier/retry/reason/{error.split(':')[0]}")
+            return
+        self.give_up(request, error, "max_reached")
+
+    def give_up(self, request: Request, error: str, why: str) -> None:
+        attempts = int(request.meta.get("retry_times", 0)) + 1
+        request.meta[OUTCOME_META_KEY] = {"action": "dead", "error": error, "attempts": attempts}
+        self.stats.inc_value(f"frontier/retry/{why}")
+        logger.warning(
+            "Giving up on %s after %d attempts (%s): dead-lettered",
+            request.url,
+            attempts,
+            error,
+        )
 
 
 class FrontierRetryMiddleware:
@@ -60,55 +113,45 @@ class FrontierRetryMiddleware:
     dead letter (``<spider>:dead``).
     """
 
-    def __init__(self, config: RetryConfig, stats: StatsCollector) -> None:
-        self.config = config
-        self.stats = stats
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.config = policy.config
+        self.stats = policy.stats
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        assert crawler.stats is not None
-        return cls(RetryConfig.from_settings(crawler.settings), crawler.stats)
+        return cls(RetryPolicy.from_crawler(crawler))
 
     def process_response(self, request: Request, response: Response) -> Response:
         if not _retriable(request) or response.status not in self.config.http_codes:
             return response
-        retry_after = _retry_after(response) if response.status in (429, 503) else 0.0
-        self._settle(request, f"HTTP {response.status}", retry_after)
-        if retry_after:
-            # The whole fleet holds off this site, not only this request.
-            request.meta[OUTCOME_META_KEY]["pause"] = retry_after
+        wait = retry_after(response) if response.status in (429, 503) else 0.0
+        error = f"HTTP {response.status}"
+        if wait > self.config.retry_after_max_wait:
+            # Waiting that long would hold the crawl open: a dead letter now, with the reason.
+            self.policy.give_up(
+                request, f"{error} with Retry-After {wait:.0f}s", "retry_after_too_long"
+            )
+        else:
+            self.policy.retry(request, error, wait)
+        if wait:
+            # The whole fleet holds off this site, not only this request, but never for
+            # long: a site that still says wait is asked again after the pause.
+            request.meta[OUTCOME_META_KEY]["pause"] = min(wait, self.config.retry_after_max_pause)
             self.stats.inc_value("frontier/retry_after")
         if request.meta[OUTCOME_META_KEY]["action"] == "retry":
             raise IgnoreRequest(f"retry scheduled after HTTP {response.status}")
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
-        if not _retriable(request) or not isinstance(exception, self.config.exceptions):
+        if not _retriable(request) or isinstance(exception, IgnoreRequest):
+            return  # not ours, or dropped on purpose (robots.txt, offsite)
+        error = f"{type(exception).__name__}: {str(exception)[:300] or self.policy.why(request, exception)}"
+        if not isinstance(exception, self.config.exceptions):
+            # Not transient (a page over DOWNLOAD_MAXSIZE, a response that cannot be
+            # handled): a retry would fail alike, and an ack would lose the URL.
+            self.policy.give_up(request, error, "not_retried")
             return
-        self._settle(request, f"{type(exception).__name__}: {exception}", 0.0)
+        self.policy.retry(request, error, 0.0)
         if request.meta[OUTCOME_META_KEY]["action"] == "retry":
             raise IgnoreRequest(f"retry scheduled after {type(exception).__name__}") from exception
-
-    def _settle(self, request: Request, error: str, at_least: float) -> None:
-        retries = int(request.meta.get("retry_times", 0))
-        if retries < self.config.max_retries:
-            delay = max(
-                at_least, backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
-            )
-            request.meta["retry_times"] = retries + 1
-            request.meta[OUTCOME_META_KEY] = {"action": "retry", "delay": delay, "error": error}
-            self.stats.inc_value("frontier/retry/count")
-            self.stats.inc_value(f"frontier/retry/reason/{error.split(':')[0]}")
-            return
-        request.meta[OUTCOME_META_KEY] = {
-            "action": "dead",
-            "error": error,
-            "attempts": retries + 1,
-        }
-        self.stats.inc_value("frontier/retry/max_reached")
-        logger.warning(
-            "Giving up on %s after %d attempts (%s): dead-lettered",
-            request.url,
-            retries + 1,
-            error,
-        )

@@ -28,6 +28,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from project.config import read_settings, setting
 from project.frontier.config import FrontierConfig, SiteLimits
 from project.frontier.keys import FrontierKeys
+from project.frontier.sites import SiteResolver, site_of
 
 if TYPE_CHECKING:
     from typing import Self
@@ -57,6 +58,8 @@ class RobotsConfig:
 
     max_age: float = setting("ROBOTSTXT_CACHE_SECONDS", 86400.0)
     lock_seconds: float = setting("ROBOTSTXT_LOCK_SECONDS", 30.0)
+    #: Longer robots.txt files are cut here, as Google does at 500 KiB.
+    max_bytes: int = setting("ROBOTSTXT_MAX_BYTES", 512000)
     #: Scrapy's ROBOTSTXT_USER_AGENT, else USER_AGENT: whose Crawl-delay applies.
     user_agent: str = ""
     #: FLEET_SITE_CONCURRENCY: the cap a site keeps when its Crawl-delay sets its rate.
@@ -84,11 +87,13 @@ def _is_robots_fetch(request: Request) -> bool:
 class RobotsCacheMiddleware:
     """Downloader middleware: robots.txt from the fleet's Redis cache, fetched once per fleet."""
 
-    def __init__(self, crawler: Crawler, config: RobotsConfig, redis_url: str) -> None:
+    def __init__(self, crawler: Crawler, config: RobotsConfig, frontier: FrontierConfig) -> None:
         assert crawler.stats is not None
         self.crawler = crawler
         self.config = config
-        self.redis_url = redis_url
+        self.redis_url = frontier.redis_url
+        ip_mode = frontier.site_key == "ip"
+        self._resolver = SiteResolver(frontier.site_ip_ttl) if ip_mode else None
         self.stats: StatsCollector = crawler.stats
         self._server: redis.asyncio.Redis | None = None
         self._keys: FrontierKeys | None = None
@@ -101,7 +106,7 @@ class RobotsCacheMiddleware:
         middleware = cls(
             crawler,
             RobotsConfig.from_settings(settings),
-            FrontierConfig.from_settings(settings).redis_url,
+            FrontierConfig.from_settings(settings),
         )
         crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
@@ -150,6 +155,9 @@ class RobotsCacheMiddleware:
         if site is None or CACHED_FLAG in response.flags or 300 <= response.status < 400:
             return response  # not ours, from the cache, or a redirect still to be followed
         lock = request.meta.pop(_LOCK_META_KEY, None)
+        if len(response.body) > self.config.max_bytes:
+            self.stats.inc_value("robotstxt/truncated")
+            response = response.replace(body=response.body[: self.config.max_bytes])
         if self._server is not None and self._keys is not None:
             entry = {
                 "time": time.time(),
@@ -192,7 +200,9 @@ class RobotsCacheMiddleware:
         delay = robotparser.crawl_delay(self.config.user_agent)
         if not delay or self._server is None or self._keys is None:
             return
-        site = urlparse_cached(request).netloc.lower()
+        site = site_of(request.url)
+        if self._resolver is not None:
+            site = await self._resolver.resolve(site)  # FLEET_SITE_KEY = "ip": by address
         rate = 1.0 / float(delay)
         try:
             current: Any = await self._server.hget(self._keys.limits, site)

@@ -7,9 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["InvalidSeed", "Seed", "parse_seed", "preview"]
+from project.frontier.sites import MAX_URL_LENGTH
+from project.frontier.wire import NODE_LOCAL_META, UnserializableRequestError, check_meta
+
+__all__ = ["MAX_PRIORITY", "InvalidSeed", "Seed", "parse_seed", "preview"]
 
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+#: Queue scores keep priorities within this, so a seed's must be too.
+MAX_PRIORITY = 100_000
 _FIELDS = frozenset({"url", "priority", "meta", "method", "headers", "body"})
 
 
@@ -43,8 +48,15 @@ def _check_url(url: Any) -> str:
     if not isinstance(url, str):
         raise InvalidSeed("url_type", f"url must be a string, not {type(url).__name__}")
     text: str = url.strip()
-    parts = urlsplit(text)
-    if parts.scheme not in {"http", "https"} or not parts.netloc:
+    if len(text) > MAX_URL_LENGTH:
+        raise InvalidSeed("url", f"url longer than {MAX_URL_LENGTH} characters")
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname
+        parts.port  # noqa: B018 (raises ValueError for a port that is not one)
+    except ValueError as exc:
+        raise InvalidSeed("url", f"url does not parse: {exc}") from exc
+    if parts.scheme not in {"http", "https"} or not host:
         raise InvalidSeed("url", "url must be an absolute http(s) URL")
     return text
 
@@ -54,6 +66,9 @@ def _from_json(text: str) -> Seed:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidSeed("json", f"invalid JSON: {exc.msg} at char {exc.pos}") from exc
+    except (ValueError, RecursionError) as exc:
+        # a number of thousands of digits, or objects nested thousands deep
+        raise InvalidSeed("json", f"JSON too large or too deep: {str(exc)[:100]}") from exc
     if not isinstance(doc, dict):
         raise InvalidSeed("json", "a JSON seed must be an object")
     unknown = sorted(set(doc) - _FIELDS)
@@ -62,9 +77,21 @@ def _from_json(text: str) -> Seed:
     priority = doc.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidSeed("priority", "priority must be an integer")
+    if abs(priority) > MAX_PRIORITY:
+        raise InvalidSeed(
+            "priority", f"priority must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"
+        )
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise InvalidSeed("meta", "meta must be an object")
+    url = _check_url(doc.get("url"))
+    try:
+        meta = check_meta(meta, url)
+    except UnserializableRequestError as exc:
+        raise InvalidSeed("meta", str(exc)) from exc
+    reserved = sorted(NODE_LOCAL_META & set(meta))
+    if reserved:
+        raise InvalidSeed("meta", f"meta {', '.join(reserved)} is set by the node, not by a seed")
     method = doc.get("method", "GET")
     if not isinstance(method, str) or method.upper() not in _METHODS:
         raise InvalidSeed("method", f"method must be one of {', '.join(sorted(_METHODS))}")
@@ -78,7 +105,7 @@ def _from_json(text: str) -> Seed:
     if not isinstance(body, str):
         raise InvalidSeed("body", "body must be a string")
     return Seed(
-        url=_check_url(doc.get("url")),
+        url=url,
         priority=priority,
         meta=meta,
         method=method.upper(),

@@ -10,6 +10,7 @@ naming the field.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,10 @@ if TYPE_CHECKING:
 __all__ = [
     "NODE_LOCAL_META",
     "UnserializableRequestError",
+    "check_meta",
     "decode_request",
     "encode_request",
+    "register_meta_filter",
 ]
 
 #: Meta keys that only make sense inside one process and are not sent.
@@ -36,6 +39,7 @@ NODE_LOCAL_META = frozenset(
         "download_timeout",
         "_frontier_outcome",
         "_frontier_lease",
+        "_frontier_seed",
     }
 )
 
@@ -59,7 +63,18 @@ _UNSAFE_CONTEXT_KWARGS = frozenset(
 )
 
 
-def _check_meta(meta: dict[str, Any]) -> None:
+# Checks of a request's meta against its URL, from the integrations (rendering):
+# each returns the meta to send or use, or raises UnserializableRequestError.
+_META_FILTERS: list[Callable[[dict[str, Any], str], dict[str, Any]]] = []
+
+
+def register_meta_filter(check: Callable[[dict[str, Any], str], dict[str, Any]]) -> None:
+    """Run ``check(meta, url)`` on the meta of every request sent, read back or seeded."""
+    _META_FILTERS.append(check)
+
+
+def check_meta(meta: dict[str, Any], url: str) -> dict[str, Any]:
+    """Refuse meta that would let a Redis writer run code or touch files on a node."""
     unsafe = sorted(_UNSAFE_META & set(meta))
     context = meta.get("playwright_context_kwargs")
     if isinstance(context, dict):
@@ -72,6 +87,9 @@ def _check_meta(meta: dict[str, Any]) -> None:
             f"meta {', '.join(unsafe)} cannot travel through the frontier (it would let"
             " a Redis writer run code or touch files on every node)"
         )
+    for check in _META_FILTERS:
+        meta = check(meta, url)
+    return meta
 
 
 class UnserializableRequestError(ValueError):
@@ -93,8 +111,13 @@ def allow_request_class(cls: type[Request]) -> None:
 def _method_name(spider: Spider, func: Any, field: str, request: Request) -> str | None:
     if func is None or isinstance(func, str):
         return func
-    if getattr(func, "__self__", None) is spider:
-        return str(func.__name__)
+    name = getattr(func, "__name__", "")
+    if (
+        getattr(func, "__self__", None) is spider
+        and not name.startswith("__")
+        and inspect.isfunction(getattr(type(spider), name, None))
+    ):
+        return str(name)
     raise UnserializableRequestError(
         f"{request!r}: {field} {func!r} is not a method of spider {spider.name!r}"
     )
@@ -173,8 +196,8 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
     if request.cookies:
         data["cookies"] = request.cookies
     meta = {k: v for k, v in request.meta.items() if k not in NODE_LOCAL_META}
+    meta = check_meta(meta, request.url)
     if meta:
-        _check_meta(meta)
         data["meta"] = meta
     if request.encoding != "utf-8":
         data["encoding"] = request.encoding
@@ -206,35 +229,63 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
         ) from exc
 
 
+def _callback(spider: Spider, name: Any, field: str) -> Any:
+    """The spider method a payload names; anything else is refused."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+        raise UnserializableRequestError(f"{field} {str(name)[:80]!r} is not a spider method name")
+    # Defined on the spider's class as a function: not an attribute, a class or a dunder.
+    if not inspect.isfunction(getattr(type(spider), name, None)):
+        raise UnserializableRequestError(f"{field} {name!r} is not a method of the spider")
+    return getattr(spider, name)
+
+
+def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = data.get(name, default)
+    if value is default:
+        return value
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise UnserializableRequestError(f"{name} must be {getattr(kind, '__name__', kind)}")
+    return value
+
+
 def decode_request(payload: bytes | str, spider: Spider) -> tuple[Request, dict[str, Any]]:
     """Rebuild a request from :func:`encode_request` output.
 
-    Returns the request and the whole decoded document (for bookkeeping fields).
+    A payload is read back from Redis, where anyone with access may have written it:
+    every field is checked, node-local meta is dropped, and a callback must name a
+    method of the spider. Returns the request and the whole decoded document (for
+    bookkeeping fields); raises UnserializableRequestError for a payload that does not fit.
     """
-    data: dict[str, Any] = json.loads(payload, object_hook=_object_hook)
+    data = json.loads(payload, object_hook=_object_hook)
+    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+        raise UnserializableRequestError("a payload is a JSON object with a url")
     cls = _ALLOWED_CLASSES.get(data.get("class", ""), Request)
     if "class" in data and data["class"] not in _ALLOWED_CLASSES:
-        raise UnserializableRequestError(f"request class {data['class']!r} is not allowed")
-    if isinstance(data.get("meta"), dict):
-        _check_meta(data["meta"])
-    body: bytes | str = data.get("body", b"")
+        raise UnserializableRequestError(
+            f"request class {str(data['class'])[:80]!r} is not allowed"
+        )
+    meta = _typed(data, "meta", dict, None)
+    if meta is not None:
+        meta = check_meta(meta, data["url"])
+        meta = {k: v for k, v in meta.items() if k not in NODE_LOCAL_META}
+    body: bytes | str = _typed(data, "body", str, b"")
     if "body_b64" in data:
-        body = base64.b64decode(data["body_b64"])
-    callback = data.get("callback")
-    errback = data.get("errback")
+        body = base64.b64decode(_typed(data, "body_b64", str, ""), validate=True)
     request = cls(
         url=data["url"],
-        callback=getattr(spider, callback) if callback else None,
-        errback=getattr(spider, errback) if errback else None,
-        method=data.get("method", "GET"),
-        headers=data.get("headers"),
+        callback=_callback(spider, data.get("callback"), "callback"),
+        errback=_callback(spider, data.get("errback"), "errback"),
+        method=_typed(data, "method", str, "GET"),
+        headers=_typed(data, "headers", dict, None),
         body=body,
-        cookies=data.get("cookies"),
-        meta=data.get("meta"),
-        encoding=data.get("encoding", "utf-8"),
-        priority=data.get("priority", 0),
-        dont_filter=data.get("dont_filter", False),
-        flags=data.get("flags"),
-        cb_kwargs=data.get("cb_kwargs"),
+        cookies=_typed(data, "cookies", (dict, list), None),
+        meta=meta,
+        encoding=_typed(data, "encoding", str, "utf-8"),
+        priority=_typed(data, "priority", int, 0),
+        dont_filter=_typed(data, "dont_filter", bool, False),
+        flags=_typed(data, "flags", list, None),
+        cb_kwargs=_typed(data, "cb_kwargs", dict, None),
     )
     return request, data

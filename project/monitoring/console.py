@@ -23,6 +23,7 @@ __all__ = [
     "human_bytes",
     "human_duration",
     "node_rows",
+    "printable",
     "render",
     "watch",
 ]
@@ -42,6 +43,34 @@ NODE_COLUMNS = (
 
 
 SITE_COLUMNS = ("site", "state", "allowed", "achieved", "queued", "in flight")
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(value: object, limit: int | None = None) -> str:
+    """*value* as text a terminal shows as it is: every character that is not
+    printable (control codes, escapes, bidi overrides, ...) as ``\\xNN``; at most
+    *limit* characters, the cut marked with ``...``.
+
+    For every string that came from outside (Redis, a page, a seed).
+    """
+    text = str(value)
+    if limit is not None and len(text) > 4 * limit:
+        text = text[: 4 * limit]  # a 10 MB value costs no more than its shown part
+    shown = "".join(c if c.isprintable() else _escaped(c) for c in text)
+    if limit is not None and len(shown) > limit:
+        return shown[: max(0, limit - 3)] + "..."
+    return shown
+
+
+def _cell(value: object, limit: int | None = 300) -> Text:
+    """A table cell of outside text: printable, never read as Rich markup."""
+    return Text(printable(value, limit))
 
 
 def human_bytes(n: float) -> str:
@@ -66,16 +95,16 @@ def human_duration(seconds: float | None) -> str:
 
 
 def node_rows(status: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One row of :data:`NODE_COLUMNS` per node, as text."""
+    """One row of :data:`NODE_COLUMNS` per node, as printable text."""
     rows: list[tuple[str, ...]] = []
     for node in status["nodes"]:
         state = node["state"]
         if state == "finished" and node["finish_reason"]:
-            state = f"finished ({node['finish_reason']})"
+            state = f"finished ({printable(node['finish_reason'], 60)})"
         memory = node["rss_bytes"] + node["children_rss_bytes"]
         rows.append(
             (
-                str(node["id"]),
+                printable(node["id"], 80),
                 str(state),
                 f"{node['pages_per_min']:.0f}",
                 f"{node['items_per_min']:.0f}",
@@ -95,20 +124,23 @@ def _pairs(title: str, pairs: list[tuple[str, str]]) -> Table:
     table.add_column(style="bold")
     table.add_column(justify="right")
     for name, value in pairs:
-        table.add_row(name, value)
+        table.add_row(Text(name), Text(value))
     return table
 
 
-def _sites(sites: list[dict[str, Any]]) -> Table:
-    table = Table(title="Sites", title_justify="left", expand=True)
+def _sites(sites: list[dict[str, Any]], counts: dict[str, Any]) -> Table:
+    title = "Sites"
+    if counts and counts.get("with_work", 0) > len(sites):
+        title += f" (the {len(sites)} busiest of {counts['with_work']} with work)"
+    table = Table(title=title, title_justify="left", expand=True)
     for name in SITE_COLUMNS:
         table.add_column(name, justify="left" if name in ("site", "state") else "right")
     for site in sites:
         allowed = f"{site['allowed_rate']:g}/s" if site["allowed_rate"] > 0 else "unlimited"
         achieved = site.get("achieved_rate")
         table.add_row(
-            site["site"],
-            site["state"],
+            _cell(site["site"], 80),
+            _cell(site["state"]),
             allowed,
             "-" if achieved is None else f"{achieved:.1f}/s",
             str(site["queued"]),
@@ -118,10 +150,16 @@ def _sites(sites: list[dict[str, Any]]) -> Table:
 
 
 def render(status: dict[str, Any]) -> RenderableType:
-    """Everything ``status`` and ``status --watch`` show for one ``fleet_status()`` result."""
+    """Everything ``status`` and ``status --watch`` show for one ``fleet_status()`` result.
+
+    Text from Redis (node ids, sites, errors, URLs) is shown as it is, made printable:
+    never read as Rich markup, never sent to the terminal as control codes.
+    """
     progress, fleet, mongo = status["progress"], status["fleet"], status.get("mongo", {})
     bands = ", ".join(f"p{p}: {n}" for p, n in status["queued_by_priority"].items())
-    by_node = ", ".join(f"{n}: {c}" for n, c in status["in_flight_by_node"].items())
+    by_node = ", ".join(
+        f"{printable(n, 80)}: {c}" for n, c in list(status["in_flight_by_node"].items())[:20]
+    )
     backlog = status["journal_backlog"]
     drain = progress["drain_per_s"]
     trend = ""
@@ -129,7 +167,8 @@ def render(status: dict[str, Any]) -> RenderableType:
         trend = f"  draining {drain:.1f}/s" if drain > 0 else f"  growing {-drain:.1f}/s"
     header = Text.assemble(
         ("fleetcrawl ", "bold"),
-        f"{status['spider']}  {time.strftime('%H:%M:%S', time.localtime(status['time']))}  ",
+        f"{printable(status['spider'], 80)}"
+        f"  {time.strftime('%H:%M:%S', time.localtime(status['time']))}  ",
         f"{fleet['nodes_alive']} alive, {fleet['nodes_dead']} dead,"
         f" {fleet['nodes_finished']} finished nodes",
     )
@@ -150,7 +189,7 @@ def render(status: dict[str, Any]) -> RenderableType:
         ],
     )
     if "error" in mongo:
-        stored = [("mongodb", str(mongo["error"]))]
+        stored = [("mongodb", printable(mongo["error"], 200))]
     else:
         stored = [(f"mongodb {name}", str(mongo.get(name, "n/a"))) for name in mongo]
     results = _pairs(
@@ -175,10 +214,19 @@ def render(status: dict[str, Any]) -> RenderableType:
     for name in NODE_COLUMNS:
         nodes.add_column(name, justify="left" if name in ("node", "state") else "right")
     for row in node_rows(status):
-        nodes.add_row(*row, style="bold" if row[1] == "dead" else None)
+        nodes.add_row(*(Text(cell) for cell in row), style="bold" if row[1] == "dead" else None)
     parts: list[RenderableType] = [header, Group(bar, eta), columns]
+    for fault in status.get("storage_errors") or []:
+        what = printable(fault["last_error"] or "journal writes failing", 200)
+        parts.append(
+            Text(
+                f"storage error on {printable(fault['node'], 80)}: {what}"
+                f" ({fault['mongo_errors']} MongoDB, {fault['journal_errors']} journal)",
+                style="bold",
+            )
+        )
     if status["sites"]:
-        parts.append(_sites(status["sites"]))
+        parts.append(_sites(status["sites"], status.get("site_count") or {}))
     parts.append(nodes)
     if status["failures"] or fleet["retry_reasons"]:
         failures = Table(title="Failures", title_justify="left", expand=True)
@@ -186,26 +234,45 @@ def render(status: dict[str, Any]) -> RenderableType:
         failures.add_column("what")
         failures.add_column("last URL", overflow="fold")
         for group in status["failures"][:5]:
-            failures.add_row(str(group["count"]), f"dead: {group['error']}", group["last_url"])
+            failures.add_row(
+                str(group["count"]),
+                _cell(f"dead: {printable(group['error'], 200)}"),
+                _cell(group["last_url"]),
+            )
         for reason, count in sorted(fleet["retry_reasons"].items(), key=lambda kv: -kv[1])[:5]:
-            failures.add_row(str(count), f"retried: {reason}", "")
+            failures.add_row(str(count), _cell(f"retried: {printable(reason, 200)}"), "")
         parts.append(failures)
     return Group(*parts)
 
 
 def watch(reader: StatusReader, interval: float = 2.0, console: Console | None = None) -> int:
-    """Redraw the status every *interval* seconds until Ctrl-C."""
+    """Redraw the status every *interval* seconds until Ctrl-C.
+
+    Returns 1 when Redis cannot be read at the start, or was unreachable at the
+    last attempt before Ctrl-C; 0 otherwise.
+    """
     console = console or Console()
-    with Live(console=console, auto_refresh=False, transient=False) as live:
+    try:
+        view = render(reader.read())
+    except RedisError:
+        reader.close()
+        raise  # the caller says what failed, in one line, and exits non-zero
+    failed = False
+    with Live(view, console=console, auto_refresh=False, transient=False) as live:
         try:
             while True:
+                live.refresh()
+                time.sleep(interval)
                 try:
                     view = render(reader.read())
+                    failed = False
                 except RedisError as exc:
-                    view = Text(f"Redis unreachable: {exc}; retrying every {interval:g}s")
-                live.update(view, refresh=True)
-                time.sleep(interval)
+                    failed = True
+                    view = Text(
+                        f"Redis unreachable: {printable(exc, 300)}; retrying every {interval:g}s"
+                    )
+                live.update(view)
         except KeyboardInterrupt:
-            return 0
+            return 1 if failed else 0
         finally:
             reader.close()

@@ -9,22 +9,29 @@ import json
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import BasicAuth, web
 from redis.exceptions import RedisError
+from scrapy.exceptions import NotConfigured
 
-from project.monitoring.metrics import render_metrics
+from project.config import read_settings, setting
+from project.monitoring.metrics import CONTENT_TYPE, render_metrics
 from project.monitoring.status import StatusReader
 from project.utils import mask_url
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Self
+
     from scrapy.settings import BaseSettings
 
-__all__ = ["STATIC_DIR", "make_app", "serve"]
+__all__ = ["STATIC_DIR", "DashboardConfig", "host_allowed", "make_app", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,110 @@ STATIC_DIR = Path(__file__).with_name("static")
 _READER = web.AppKey("reader", StatusReader)
 _CACHE = web.AppKey("cache", dict)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """``DASHBOARD_*`` settings of ``fleetcrawl dashboard`` (credentials: environment only)."""
+
+    allowed_hosts: tuple[str, ...] = setting("DASHBOARD_ALLOWED_HOSTS", ())
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, environ: Mapping[str, str] = os.environ) -> Self:
+        """The settings, with ``DASHBOARD_ALLOWED_HOSTS`` from *environ* when no setting has it."""
+        given: dict[str, Any] = {}
+        if settings.get("DASHBOARD_ALLOWED_HOSTS") is None and environ.get(
+            "DASHBOARD_ALLOWED_HOSTS"
+        ):
+            given["allowed_hosts"] = tuple(environ["DASHBOARD_ALLOWED_HOSTS"].split(","))
+        config = cls(**read_settings(cls, settings, **given))
+        names = []
+        for given_entry in config.allowed_hosts:
+            entry = given_entry.strip().lower()
+            if not entry:
+                continue
+            name = entry if entry == "*" or entry.startswith(".") else _host_name(entry)
+            if not name:
+                raise NotConfigured(
+                    f"DASHBOARD_ALLOWED_HOSTS: {entry!r} is not a host name, '.domain' or '*'"
+                )
+            names.append(name)
+        return cls(allowed_hosts=tuple(names))
+
+
+# -- Host header -------------------------------------------------------------
+
+
+def _host_name(header: str) -> str | None:
+    """The name in a Host header (``name``, ``name:port``, ``[v6]:port``), or None if malformed."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        name, closed, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None if not rest else "bad"
+    else:
+        if value.count(":") > 1:
+            return None  # an IPv6 address without brackets
+        name, colon, port_text = value.partition(":")
+        closed, port = "]", (port_text if colon else None)
+    if not closed or not name or (port is not None and not port.isdigit()):
+        return None
+    return name.rstrip(".")
+
+
+def host_allowed(header: str | None, bound: str, allowed: Iterable[str] = ()) -> bool:
+    """Whether a request with this Host header may be answered (DNS rebinding).
+
+    A page of another site that got its name pointed at the dashboard's address
+    sends its own name as Host. Answered: IP addresses, ``localhost`` (names
+    that no outside DNS can point here), the address the dashboard is bound
+    to, and the names in *allowed* (``name``, ``.domain`` for it and its
+    subdomains, ``*`` for any). Ports are not compared, so SSH tunnels and
+    reverse proxies on another port work.
+    """
+    name = _host_name(header) if header else None
+    if name is None:
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:
+        return True
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    if name == bound.strip("[]").lower().rstrip("."):
+        return True
+    return any(
+        entry == "*" or entry == name or (entry.startswith(".") and f".{name}".endswith(entry))
+        for entry in allowed
+    )
+
+
+_REFUSED_LOGGED = 100  # distinct refused Host names logged, so refusals cannot flood the log
+
+
+def _host_check(bound: str, allowed: tuple[str, ...]) -> Any:
+    logged: set[str] = set()
+
+    @web.middleware
+    async def check(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        header = request.headers.get("Host")
+        if host_allowed(header, bound, allowed):
+            return await handler(request)
+        shown = (header or "")[:100]
+        if shown not in logged and len(logged) < _REFUSED_LOGGED:
+            logged.add(shown)
+            logger.warning(
+                "Refused a request for Host %r (DNS rebinding?); add the name the dashboard is"
+                " reached by to DASHBOARD_ALLOWED_HOSTS if it is yours",
+                shown,
+            )
+        raise web.HTTPBadRequest(
+            text="This Host header is not allowed: set DASHBOARD_ALLOWED_HOSTS to the name the"
+            " dashboard is reached by.\n"
+        )
+
+    return check
 
 
 # -- the web app -------------------------------------------------------------
@@ -113,8 +224,10 @@ async def _api_dead_letters(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     body = render_metrics(await _status(request))
-    return web.Response(text=body, content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
+    return web.Response(
+        body=body.encode(),
+        headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
+    )
 
 
 async def _close_reader(app: web.Application) -> None:
@@ -122,12 +235,21 @@ async def _close_reader(app: web.Application) -> None:
 
 
 def make_app(
-    reader: StatusReader, *, username: str | None = None, password: str | None = None
+    reader: StatusReader,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    bound: str = "127.0.0.1",
+    allowed_hosts: tuple[str, ...] = (),
 ) -> web.Application:
-    """The dashboard app; with *username* and *password*, every route needs basic auth."""
-    middlewares = [_redis_errors]
+    """The dashboard app; with *username* and *password*, every route needs basic auth.
+
+    Requests whose Host header :func:`host_allowed` refuses get 400, before anything else.
+    """
+    middlewares = [_host_check(bound, allowed_hosts)]
     if username and password:
-        middlewares.insert(0, _basic_auth(username, password))
+        middlewares.append(_basic_auth(username, password))
+    middlewares.append(_redis_errors)
     app = web.Application(middlewares=middlewares)
     app[_READER] = reader
     app[_CACHE] = {"lock": asyncio.Lock(), "at": -math.inf, "status": {}}
@@ -142,12 +264,16 @@ def make_app(
 
 
 def serve(settings: BaseSettings, spider: str, host: str, port: int) -> int:
-    """Run the dashboard until Ctrl-C (credentials from DASHBOARD_USERNAME/PASSWORD)."""
+    """Run the dashboard until Ctrl-C (credentials from DASHBOARD_USERNAME/PASSWORD).
+
+    Raises ``NotConfigured`` for bad settings, ``RedisError`` when Redis cannot
+    be read at the start, and ``OSError`` when *host*:*port* cannot be listened on.
+    """
     username = os.environ.get("DASHBOARD_USERNAME") or None
     password = os.environ.get("DASHBOARD_PASSWORD") or None
     if bool(username) != bool(password):
-        logger.error("Set both DASHBOARD_USERNAME and DASHBOARD_PASSWORD, or neither")
-        return 2
+        raise NotConfigured("set both DASHBOARD_USERNAME and DASHBOARD_PASSWORD, or neither")
+    config = DashboardConfig.from_settings(settings)
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -157,13 +283,31 @@ def serve(settings: BaseSettings, spider: str, host: str, port: int) -> int:
             "Dashboard on %s without DASHBOARD_USERNAME/PASSWORD: anyone can read it", host
         )
     reader = StatusReader.from_settings(settings, spider)
+    try:
+        reader.redis.ping()  # a wrong REDIS_URL is one line now, not a 503 on every poll
+    except RedisError:
+        reader.close()
+        raise
+    try:
+        # Bound here, so a port in use is an error before the dashboard says it runs.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host.strip("[]"), port), family=family)
+    except OSError:
+        reader.close()
+        raise
     logger.info(
         "Dashboard of %s (Redis %s) on http://%s:%d/",
         spider,
         mask_url(reader.redis_url),
-        host,
+        host if family == socket.AF_INET else f"[{host.strip('[]')}]",
         port,
     )
-    app = make_app(reader, username=username, password=password)
-    web.run_app(app, host=host, port=port, access_log=None, print=None)
+    app = make_app(
+        reader,
+        username=username,
+        password=password,
+        bound=host,
+        allowed_hosts=config.allowed_hosts,
+    )
+    web.run_app(app, sock=sock, access_log=None, print=None)
     return 0

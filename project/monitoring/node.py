@@ -23,7 +23,7 @@ from project.config import read_settings, setting
 from project.frontier import lua
 from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
-from project.storage.config import MongoConfig
+from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
 from project.utils import mask_url
 
@@ -188,7 +188,7 @@ class NodeMonitor:
             return MongoConfig.from_settings(
                 self.crawler.settings, spider_name=spider_name
             ).journal_dir
-        except NotConfigured:
+        except (NotConfigured, StorageConfigError):
             return None
 
     async def _run(self) -> None:
@@ -277,6 +277,10 @@ class NodeMonitor:
             "rss_bytes": self._memory[0],
             "children_rss_bytes": self._memory[1],
             "journal_backlog": self._journal,
+            # permanent MongoDB faults and journal write failures (project/storage)
+            "mongo_errors": int(stat("mongo/permanent_errors", 0)),
+            "mongo_last_error": str(stat("mongo/last_error") or "")[:300] or None,
+            "journal_errors": int(stat("mongo/journal_errors", 0)),
         }
 
     def _read_files(self, count_journal: bool) -> tuple[tuple[int, int], int | None]:

@@ -56,7 +56,7 @@ class StatsFile:
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = StatsFileConfig.from_settings(crawler.settings)
         if not config.path:
-            raise NotConfigured("MONITOR_STATS_FILE is not set")
+            raise NotConfigured  # off unless asked for: nothing to say
         extension = cls(crawler, config.path)
         crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
         return extension

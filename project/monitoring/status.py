@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from project.frontier.admin import dead_letters
+from project.frontier.admin import decode_dead_letter
 from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
 from project.storage.config import MongoConfig
 from project.utils import mask_url
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     import pymongo
     from scrapy.settings import BaseSettings
 
 __all__ = [
     "PRIORITY_BAND",
+    "REDACTED",
     "StatusReader",
+    "decode_dead_letter",
     "drain_eta",
     "failure_summary",
     "fleet_status",
@@ -32,80 +35,129 @@ __all__ = [
     "mongo_counts",
     "node_view",
     "priority_bands",
+    "read_dead_letters",
+    "redact_dead_letter",
     "site_table",
 ]
 
 #: Queue scores are -priority * PRIORITY_BAND + arrival sequence.
 PRIORITY_BAND = 10_000_000_000
+#: Sites a status lists, most queued and in flight first; the others are only counted.
+SITES_LISTED = 20
+#: Sites read from each index (ready, throttled, lease counts) per status at most.
+SITES_SCANNED = 10_000
+#: Priorities counted in each listed site's queue (a queue rarely holds more).
+BANDS_PER_SITE = 10
+#: A site with nothing queued or in flight is listed this long after its last lease.
+IDLE_LISTED_SECONDS = 60.0
 
 
-def priority_bands(client: redis.Redis, key: str, limit: int = 50) -> dict[int, int]:
-    """Queued requests per priority, highest first (one ZCOUNT per band)."""
-    bands: dict[int, int] = {}
-    low = "-inf"
-    while len(bands) < limit:
-        first = client.zrangebyscore(key, low, "+inf", start=0, num=1, withscores=True)
-        if not first:
-            break
-        priority = -math.floor(float(first[0][1]) / PRIORITY_BAND)
-        start = -priority * PRIORITY_BAND
-        bands[priority] = int(client.zcount(key, start, f"({start + PRIORITY_BAND}"))
-        low = str(start + PRIORITY_BAND)
+def _text(value: bytes | str) -> str:
+    # surrogateescape: a site name that is not UTF-8 goes back to Redis unchanged
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int:
+    """A count from a record anyone with Redis access may have written (0 if it is none)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def _float(value: Any, default: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return number if math.isfinite(number) else default
+
+
+def priority_bands(
+    client: redis.Redis, queues: Sequence[bytes | str], limit: int = BANDS_PER_SITE
+) -> list[dict[int, int]]:
+    """Queued requests per priority of each queue, highest first, at most *limit* each.
+
+    The queues advance together, one band each per pipelined round trip: at most
+    ``limit + 1`` round trips, however many queues.
+    """
+    bands: list[dict[int, int]] = [{} for _ in queues]
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zrange(queue, 0, 0, withscores=True)
+    heads = {i: float(head[0][1]) for i, head in enumerate(pipe.execute()) if head}
+    while heads:
+        pipe = client.pipeline(transaction=False)
+        counted: list[tuple[int, int, bool]] = []
+        for i, head in heads.items():
+            priority = -math.floor(head / PRIORITY_BAND)
+            start = -priority * PRIORITY_BAND
+            pipe.zcount(queues[i], start, f"({start + PRIORITY_BAND}")
+            more = len(bands[i]) + 1 < limit
+            if more:
+                pipe.zrangebyscore(
+                    queues[i], start + PRIORITY_BAND, "+inf", start=0, num=1, withscores=True
+                )
+            counted.append((i, priority, more))
+        replies = iter(pipe.execute())
+        heads = {}
+        for i, priority, more in counted:
+            bands[i][priority] = int(next(replies))
+            following = next(replies) if more else None
+            if following:
+                heads[i] = float(following[0][1])
     return bands
 
 
-def site_table(
-    client: redis.Redis, keys: FrontierKeys, default_rate: float = 0.0
-) -> list[dict[str, Any]]:
-    """Per site: queued, in flight, leases granted, fleet-wide rate cap and state."""
-
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    ready_sites: Any = client.zrange(keys.queue, 0, -1, withscores=True)
-    parked_sites: Any = client.zrange(keys.throttled, 0, -1, withscores=True)
-    ready = {text(s): float(v) for s, v in ready_sites}
-    parked = {text(s): float(v) for s, v in parked_sites}
-    known = set(ready) | set(parked) | {text(s) for s in client.hkeys(keys.leases)}
-    fleet_default = client.hget(keys.limits, "*")
-    default = text(fleet_default).split() if fleet_default else [str(default_rate), "0"]
-    rows = []
-    seconds, micros = client.time()
-    now_ms = int(seconds) * 1000 + int(micros) / 1000
-    for site in sorted(known):
-        limit = client.hget(keys.limits, site)
-        rate, conc = text(limit).split() if limit else default
-        adaptive = client.hget(keys.rates, site)
-        if adaptive is not None and (float(rate) <= 0 or float(text(adaptive)) < float(rate)):
-            rate = text(adaptive)
-        rows.append(
-            {
-                "site": site,
-                "queued": int(client.zcard(keys.site_queue(site))),
-                "in_flight": int(client.hget(keys.active, site) or 0),
-                "leases": int(client.hget(keys.leases, site) or 0),
-                "allowed_rate": float(rate),
-                "concurrency": int(float(conc)),
-                "state": "paused"
-                if parked.get(site, 0) > now_ms + 1000
-                else "throttled"
-                if site in parked
-                else "ready"
-                if site in ready
-                else "idle",
-            }
-        )
-    return rows
+def _in_flight(members: Sequence[bytes]) -> tuple[dict[str, int], dict[bytes, int]]:
+    """Leases by node and by site, from in-flight members ``<node>\\nR<site>\\n<payload>``."""
+    by_node: dict[str, int] = {}
+    by_site: dict[bytes, int] = {}
+    for member in members:
+        node, _, rest = member.partition(b"\n")
+        name = node.decode("utf-8", "replace")
+        by_node[name] = by_node.get(name, 0) + 1
+        if rest.startswith(b"R"):
+            site = rest[1:].partition(b"\n")[0]
+            by_site[site] = by_site.get(site, 0) + 1
+    return by_node, by_site
 
 
-def frontier_snapshot(client: redis.Redis, keys: FrontierKeys) -> dict[str, Any]:
-    """Sizes of every frontier structure of one spider."""
-    sites = site_table(client, keys)
-    bands: dict[int, int] = {}
-    for site in sites:
-        for priority, count in priority_bands(client, keys.site_queue(site["site"])).items():
-            bands[priority] = bands.get(priority, 0) + count
+def _site_limits(
+    limit: bytes | None, adaptive: bytes | None, default: tuple[float, int]
+) -> tuple[float, int]:
+    """(rate, concurrency) of a site: its fleet-wide cap, lowered by its adaptive rate."""
+    rate, concurrency = default
+    fields = limit.split() if limit else []
+    if len(fields) == 2:
+        given_rate, given_concurrency = _float(fields[0], -1.0), _float(fields[1], -1.0)
+        if given_rate >= 0 and given_concurrency >= 0:  # else not "rate concurrency": ignored
+            rate, concurrency = given_rate, int(given_concurrency)
+    if adaptive is not None:
+        learned = _float(adaptive, -1.0)
+        if learned >= 0 and (rate <= 0 or learned < rate):
+            rate = learned
+    return rate, concurrency
+
+
+def frontier_snapshot(
+    client: redis.Redis,
+    keys: FrontierKeys,
+    *,
+    sites: int = SITES_LISTED,
+    previous_leases: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Sizes of every frontier structure of one spider, and its busiest *sites*.
+
+    A site is listed while it has requests queued or in flight, or was leased in
+    the last ``IDLE_LISTED_SECONDS`` (``<prefix>:recent``, or *previous_leases*,
+    the lease counts a reader saw last time); the rest are
+    counted in ``site_count``. The number of round trips does not grow with the
+    number of sites: three pipelines, then one per priority band of the listed sites.
+    """
     pipe = client.pipeline(transaction=False)
+    pipe.time()
     pipe.get(keys.queued)
     pipe.zcard(keys.delayed)
     pipe.zrange(keys.inflight, 0, -1)
@@ -113,16 +165,43 @@ def frontier_snapshot(client: redis.Redis, keys: FrontierKeys) -> dict[str, Any]
     pipe.memory_usage(keys.dupefilter)
     pipe.llen(keys.start_urls)
     pipe.llen(keys.dead)
-    queued, delayed, inflight, seen, seen_bytes, seeds, dead = pipe.execute()
-    by_node: dict[str, int] = {}
-    for member in inflight:
-        node = member.split(b"\n", 1)[0].decode("utf-8", "replace")
-        by_node[node] = by_node.get(node, 0) + 1
+    pipe.zrange(keys.queue, 0, SITES_SCANNED - 1)
+    pipe.zcard(keys.queue)
+    pipe.zrange(keys.throttled, 0, SITES_SCANNED - 1, withscores=True)
+    pipe.zcard(keys.throttled)
+    pipe.hlen(keys.leases)
+    pipe.zrevrange(keys.recent, 0, SITES_SCANNED - 1, withscores=True)
+    pipe.hget(keys.limits, "*")
+    replies: list[Any] = pipe.execute()
+    (seconds, micros), queued, delayed, inflight, seen, seen_bytes, seeds, dead = replies[:8]
+    ready, n_ready, throttled, n_throttled, n_known, recent, fleet_default = replies[8:]
+    now_ms = int(seconds) * 1000 + int(micros) / 1000
+    by_node, in_flight = _in_flight(inflight)
+    rows, with_work = _site_rows(
+        client,
+        keys,
+        now_ms=now_ms,
+        ready=ready,
+        throttled=dict(throttled),
+        in_flight=in_flight,
+        last_leased=dict(recent),
+        default=_site_limits(fleet_default, None, (0.0, 0)),
+        limit=sites,
+        previous=previous_leases or {},
+    )
+    with_work += max(0, int(n_ready) - len(ready)) + max(0, int(n_throttled) - len(throttled))
+    bands: dict[int, int] = {}
+    queues = [keys.site_queue(row["site"]).encode("utf-8", "surrogateescape") for row in rows]
+    for row, site_bands in zip(rows, priority_bands(client, queues), strict=True):
+        row["queued_by_priority"] = site_bands
+        for priority, count in site_bands.items():
+            bands[priority] = bands.get(priority, 0) + count
     return {
         "spider": keys.spider,
         "queued": int(queued or 0),
         "queued_by_priority": dict(sorted(bands.items(), reverse=True)),
-        "sites": sites,
+        "sites": rows,
+        "site_count": {"with_work": with_work, "listed": len(rows), "known": int(n_known)},
         "delayed_retries": int(delayed),
         "in_flight": len(inflight),
         "in_flight_by_node": by_node,
@@ -131,6 +210,77 @@ def frontier_snapshot(client: redis.Redis, keys: FrontierKeys) -> dict[str, Any]
         "seeds_waiting": int(seeds),
         "dead_letters": int(dead),
     }
+
+
+def _site_rows(
+    client: redis.Redis,
+    keys: FrontierKeys,
+    *,
+    now_ms: float,
+    ready: list[bytes],
+    throttled: dict[bytes, float],
+    in_flight: dict[bytes, int],
+    last_leased: dict[bytes, float],
+    default: tuple[float, int],
+    limit: int,
+    previous: Mapping[str, int],
+) -> tuple[list[dict[str, Any]], int]:
+    """The *limit* busiest sites as rows, and how many sites have work (one round trip)."""
+    busy = list(dict.fromkeys([*ready, *throttled, *in_flight]))
+    was_listed = [site.encode("utf-8", "surrogateescape") for site in previous]
+    busy_set = set(busy)
+    idle = [s for s in dict.fromkeys([*last_leased, *was_listed]) if s not in busy_set]
+    every = busy + idle
+    if not every:
+        return [], 0
+    prefix = keys.site_queue("").encode("utf-8", "surrogateescape")
+    pipe = client.pipeline(transaction=False)
+    for site in busy:
+        pipe.zcard(prefix + site)
+    for hash_key in (keys.leases, keys.limits, keys.rates):
+        pipe.hmget(hash_key, every)
+    replies: list[Any] = pipe.execute()
+    sizes = {site: int(n) for site, n in zip(busy, replies, strict=False)}
+    leases, limits, rates = (
+        dict(zip(every, reply, strict=True)) for reply in replies[len(busy) : len(busy) + 3]
+    )
+    since_ms = now_ms - IDLE_LISTED_SECONDS * 1000
+
+    def recent(site: bytes) -> bool:
+        before = previous.get(_text(site))
+        changed = before is not None and before != _int(leases.get(site))
+        return last_leased.get(site, 0.0) >= since_ms or changed
+
+    shown = sorted(busy, key=lambda s: (-(sizes[s] + in_flight.get(s, 0)), s))
+    shown += sorted((s for s in idle if recent(s)), key=lambda s: s)
+    rows = []
+    for site in shown[:limit]:
+        rate, concurrency = _site_limits(limits.get(site), rates.get(site), default)
+        wake = throttled.get(site)
+        queued, leased = sizes.get(site, 0), in_flight.get(site, 0)
+        state = "ready" if queued else "draining" if leased else "idle"
+        if wake is not None:
+            state = "paused" if wake > now_ms + 1000 else "throttled"
+        rows.append(
+            {
+                "site": _text(site),
+                "state": state,
+                "queued": queued,
+                "in_flight": leased,
+                "leases": _int(leases.get(site)),
+                "allowed_rate": rate,
+                "concurrency": concurrency,
+            }
+        )
+    return rows, len(busy)
+
+
+def site_table(
+    client: redis.Redis, keys: FrontierKeys, *, limit: int = SITES_LISTED
+) -> list[dict[str, Any]]:
+    """The busiest sites: queued, in flight, leases granted, fleet-wide rate cap and state."""
+    rows: list[dict[str, Any]] = frontier_snapshot(client, keys, sites=limit)["sites"]
+    return rows
 
 
 def mongo_counts(
@@ -162,30 +312,40 @@ def node_view(record: dict[str, Any], present: bool, in_flight: int, now: float)
     if record.get("state") == "finished":
         state = "finished"
     alive = state == "alive"
+    reasons = record.get("retry_reasons")
+    backlog = record.get("journal_backlog")
+    reason = record.get("finish_reason")
     return {
-        "id": record.get("id", ""),
-        "host": record.get("host", ""),
-        "pid": record.get("pid"),
+        "id": str(record.get("id", "")),
+        "host": str(record.get("host", "")),
+        "pid": _int(record.get("pid")) or None,
         "state": state,
-        "finish_reason": record.get("finish_reason"),
-        "started": record.get("started"),
-        "last_seen": record.get("last_seen"),
-        "age_seconds": max(0.0, now - float(record.get("last_seen") or now)),
-        "pages": int(record.get("pages", 0)),
-        "items": int(record.get("items", 0)),
-        "pages_per_min": float(record.get("pages_per_min", 0.0)) if alive else 0.0,
-        "items_per_min": float(record.get("items_per_min", 0.0)) if alive else 0.0,
-        "errors": int(record.get("errors", 0)),
-        "download_errors": int(record.get("download_errors", 0)),
-        "retries": int(record.get("retries", 0)),
-        "dead_letters": int(record.get("dead_letters", 0)),
-        "seeds_rejected": int(record.get("seeds_rejected", 0)),
-        "retry_reasons": dict(record.get("retry_reasons") or {}),
+        "finish_reason": None if reason is None else str(reason),
+        "started": _float(record.get("started")) or None,
+        "last_seen": _float(record.get("last_seen")) or None,
+        "age_seconds": max(0.0, now - _float(record.get("last_seen"), now)),
+        "pages": _int(record.get("pages")),
+        "items": _int(record.get("items")),
+        "pages_per_min": _float(record.get("pages_per_min")) if alive else 0.0,
+        "items_per_min": _float(record.get("items_per_min")) if alive else 0.0,
+        "errors": _int(record.get("errors")),
+        "download_errors": _int(record.get("download_errors")),
+        "retries": _int(record.get("retries")),
+        "dead_letters": _int(record.get("dead_letters")),
+        "seeds_rejected": _int(record.get("seeds_rejected")),
+        "retry_reasons": (
+            {str(k): _int(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {}
+        ),
         "in_flight": in_flight,
-        "held_leases": int(record.get("in_flight", 0)),
-        "rss_bytes": int(record.get("rss_bytes", 0)),
-        "children_rss_bytes": int(record.get("children_rss_bytes", 0)),
-        "journal_backlog": record.get("journal_backlog"),
+        "held_leases": _int(record.get("in_flight")),
+        "rss_bytes": _int(record.get("rss_bytes")),
+        "children_rss_bytes": _int(record.get("children_rss_bytes")),
+        "journal_backlog": None if backlog is None else _int(backlog),
+        "mongo_errors": _int(record.get("mongo_errors")),
+        "mongo_last_error": _text(record["mongo_last_error"])
+        if record.get("mongo_last_error")
+        else None,
+        "journal_errors": _int(record.get("journal_errors")),
     }
 
 
@@ -228,11 +388,81 @@ def failure_summary(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {"kind": kind, "error": error, "count": 0, "last_url": "", "last_time": 0.0},
         )
         group["count"] += 1
-        if float(record.get("time") or 0) >= group["last_time"]:
-            group["last_time"] = float(record.get("time") or 0)
+        when = _float(record.get("time"))
+        if when >= group["last_time"]:
+            group["last_time"] = when
             group["last_url"] = str(record.get("url", ""))[:300]
-            group["node"] = record.get("node")
+            group["node"] = None if record.get("node") is None else str(record.get("node"))
     return sorted(groups.values(), key=lambda g: (-g["count"], g["error"]))
+
+
+#: What a dead letter shows instead of a credential it carried.
+REDACTED = "[redacted]"
+_SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+# The same headers inside text that is not (or no longer, once cut) valid JSON.
+_SECRET_IN_TEXT = re.compile(
+    r'(?i)("(?:proxy-authorization|authorization|cookie)"\s*:\s*)'
+    r'(\[(?:[^\]"\\]|"(?:[^"\\]|\\.)*"?)*\]?|"(?:[^"\\]|\\.)*"?)'
+)
+
+
+def _redact_headers(headers: Any) -> Any:
+    if isinstance(headers, dict):
+        return {
+            name: (
+                ([REDACTED] if isinstance(value, list) else REDACTED)
+                if str(name).lower() in _SECRET_HEADERS
+                else value
+            )
+            for name, value in headers.items()
+        }
+    return headers
+
+
+def _redact_request(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = dict(doc)
+    if "headers" in doc:
+        doc["headers"] = _redact_headers(doc["headers"])
+    if isinstance(doc.get("url"), str):
+        doc["url"] = mask_url(doc["url"])
+    meta = doc.get("meta")
+    if isinstance(meta, dict) and isinstance(meta.get("proxy"), str):
+        doc["meta"] = {**meta, "proxy": mask_url(meta["proxy"])}
+    return doc
+
+
+def _redact_text(text: str) -> str:
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        redacted = _redact_request(doc)
+        if redacted != doc:
+            return json.dumps(redacted, separators=(",", ":"), ensure_ascii=False)
+        return text
+    return mask_url(_SECRET_IN_TEXT.sub(rf'\1"{REDACTED}"', text))
+
+
+def redact_dead_letter(record: dict[str, Any]) -> dict[str, Any]:
+    """*record* as shown to people: no ``Cookie``, ``Authorization`` or
+    ``Proxy-Authorization`` header values, no passwords in URLs."""
+    shown = dict(record)
+    for field in ("request", "url"):
+        value = shown.get(field)
+        if isinstance(value, str):
+            shown[field] = _redact_text(value)
+        elif isinstance(value, dict):
+            shown[field] = _redact_request(value)
+    return shown
+
+
+def read_dead_letters(
+    client: redis.Redis, keys: FrontierKeys, limit: int = 100
+) -> list[dict[str, Any]]:
+    """The newest dead letters, decoded and redacted."""
+    raw: Any = client.lrange(keys.dead, 0, limit - 1)
+    return [redact_dead_letter(decode_dead_letter(item)) for item in raw]
 
 
 def _pending(sample: dict[str, Any]) -> int:
@@ -246,11 +476,16 @@ def history(
     start = f"({since}" if since else "-"
     entries: list[tuple[bytes, dict[bytes, bytes]]]
     entries = client.xrange(keys.history, start, "+", count=count)  # type: ignore[assignment]
-    return [_sample(entry_id, fields) for entry_id, fields in entries]
+    return [s for s in (_sample(entry_id, fields) for entry_id, fields in entries) if s]
 
 
-def _sample(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
-    sample: dict[str, Any] = json.loads(fields[b"s"])
+def _sample(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any] | None:
+    try:
+        sample = json.loads(fields[b"s"])
+    except (KeyError, ValueError, RecursionError):
+        return None  # not written by a node: skipped, not fatal to every reader
+    if not isinstance(sample, dict):
+        return None
     if not isinstance(sample.get("nodes"), dict):
         sample["nodes"] = {}  # cjson writes an empty table as {} but be lenient
     sample["id"] = entry_id.decode()
@@ -263,14 +498,17 @@ def fleet_status(
     keys: FrontierKeys,
     *,
     eta_window: float = 60.0,
+    sites: int = SITES_LISTED,
+    previous_leases: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Everything status, watch, the dashboard and /metrics show, in one dict.
 
-    The frontier snapshot, the nodes (alive, dead or finished), fleet totals
-    and rates, progress with an ETA from the drain rate of the last
-    *eta_window* seconds of history, and dead letters by error.
+    The frontier snapshot (see :func:`frontier_snapshot` for *sites* and
+    *previous_leases*), the nodes (alive, dead or finished), fleet totals and
+    rates, progress with an ETA from the drain rate of the last *eta_window*
+    seconds of history, and dead letters by error (redacted).
     """
-    status = frontier_snapshot(client, keys)
+    status = frontier_snapshot(client, keys, sites=sites, previous_leases=previous_leases)
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.nodes)
     pipe.zrange(keys.alive, 0, -1, withscores=True)
@@ -279,12 +517,14 @@ def fleet_status(
     raw_nodes, expiries, (seconds, micros), dead = pipe.execute()
     server_ms = int(seconds) * 1000 + int(micros) // 1000
     alive = {node.decode("utf-8", "replace") for node, until in expiries if until > server_ms}
-    records = {}
+    records: dict[str, dict[str, Any]] = {}
     for node_id, raw in raw_nodes.items():
         try:
-            records[node_id.decode("utf-8", "replace")] = json.loads(raw)
-        except ValueError:
-            continue
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue  # not a node's heartbeat: shown by no reader, fatal to none
+        if isinstance(record, dict):
+            records[node_id.decode("utf-8", "replace")] = record
     recent: Any = client.xrange(keys.history, str(server_ms - int(eta_window * 1000)), "+")
     present = [node_id in alive for node_id in records]
     now = time.time()
@@ -297,7 +537,7 @@ def fleet_status(
     status["nodes"] = nodes
     status["fleet"] = _fleet(nodes)
     status["time"] = now
-    samples = [_sample(entry_id, fields) for entry_id, fields in recent]
+    samples = [s for s in (_sample(entry_id, fields) for entry_id, fields in recent) if s]
     drain, eta = drain_eta([(s["t"] / 1000, _pending(s)) for s in samples])
     pending = status["queued"] + status["delayed_retries"] + status["in_flight"]
     pending += status["seeds_waiting"]
@@ -313,9 +553,18 @@ def fleet_status(
         "drain_per_s": drain,
         "eta_seconds": eta,
     }
-    status["failures"] = failure_summary([json.loads(r) for r in dead])
+    status["failures"] = failure_summary(
+        [redact_dead_letter(decode_dead_letter(raw)) for raw in dead]
+    )
     reported = [n["journal_backlog"] for n in nodes if n["journal_backlog"] is not None]
     status["journal_backlog"] = sum(reported) if reported else None
+    # Storage faults a node cannot fix by retrying: loud in status, not only in its log.
+    status["storage_errors"] = [
+        {"node": n["id"], "mongo_errors": n["mongo_errors"], "last_error": n["mongo_last_error"],
+         "journal_errors": n["journal_errors"]}
+        for n in nodes
+        if n["mongo_errors"] or n["journal_errors"]
+    ]  # fmt: skip
     return status
 
 
@@ -344,9 +593,15 @@ class StatusReader:
     """
 
     def __init__(
-        self, redis_url: str, keys: FrontierKeys, mongo: MongoConfig | None = None
+        self,
+        redis_url: str,
+        keys: FrontierKeys,
+        mongo: MongoConfig | None = None,
+        *,
+        sites: int = SITES_LISTED,
     ) -> None:
         self.keys = keys
+        self.sites = sites
         self.spider = keys.spider
         self.redis_url = redis_url
         self.redis: redis.Redis = redis.Redis.from_url(
@@ -357,24 +612,34 @@ class StatusReader:
         self._last_leases: tuple[float, dict[str, int]] | None = None
 
     @classmethod
-    def from_settings(cls, settings: BaseSettings, spider: str) -> StatusReader:
+    def from_settings(
+        cls, settings: BaseSettings, spider: str, *, sites: int = SITES_LISTED
+    ) -> StatusReader:
         """The reader of *spider*'s keys and collections under these settings."""
         return cls(
             FrontierConfig.from_settings(settings).redis_url,
             FrontierKeys.from_settings(settings, spider),
             MongoConfig.from_settings(settings, spider_name=spider),
+            sites=sites,
         )
 
     def read(self) -> dict[str, Any]:
         """:func:`fleet_status` plus MongoDB counts (raises ``RedisError`` if Redis is away)."""
-        status = fleet_status(self.redis, self.keys)
+        before = self._last_leases[1] if self._last_leases else None
+        status = fleet_status(self.redis, self.keys, sites=self.sites, previous_leases=before)
         self._achieved_rates(status.get("sites", []))
         if self.mongo is not None:
+            where = f"MongoDB at {mask_url(self.mongo.uri)}"
             if self._mongo is None:
                 import pymongo  # imported late: the failures command needs no MongoDB client
+                from pymongo.errors import PyMongoError
 
-                self._mongo = pymongo.MongoClient(self.mongo.uri, serverSelectionTimeoutMS=3000)
-            where = f"MongoDB at {mask_url(self.mongo.uri)}"
+                try:
+                    self._mongo = pymongo.MongoClient(self.mongo.uri, serverSelectionTimeoutMS=3000)
+                except PyMongoError as exc:  # a malformed MONGO_URI: the status still shows
+                    reason = str(exc).replace(self.mongo.uri, mask_url(self.mongo.uri))
+                    status["mongo"] = {"error": f"{where}: MONGO_URI is not usable: {reason}"}
+                    return status
             status["mongo"] = mongo_counts(self._mongo, self.mongo, where)
         return status
 
@@ -386,7 +651,10 @@ class StatusReader:
             site["achieved_rate"] = None
             if self._last_leases is not None:
                 then, before = self._last_leases
-                granted = leases[site["site"]] - before.get(site["site"], leases[site["site"]])
+                count = leases[site["site"]]
+                last = before.get(site["site"], count)
+                # A count below the last one was forgotten by the frontier and began again at 0.
+                granted = count - last if count >= last else count
                 site["achieved_rate"] = granted / max(now - then, 1e-6)
         self._last_leases = (now, leases)
 
@@ -395,8 +663,8 @@ class StatusReader:
         return history(self.redis, self.keys, since)
 
     def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest dead letters."""
-        return dead_letters(self.redis, self.keys, limit)
+        """The newest dead letters, redacted."""
+        return read_dead_letters(self.redis, self.keys, limit)
 
     def close(self) -> None:
         """Close both clients."""

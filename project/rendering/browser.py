@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from scrapy_playwright.provider import PlaywrightBrowserProvider
@@ -15,7 +17,14 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy_playwright.handler import Config as PlaywrightConfig
 
-__all__ = ["LazyBrowserProvider", "abort_heavy_request", "use_system_chromium"]
+__all__ = [
+    "LazyBrowserProvider",
+    "abort_heavy_request",
+    "chromium_sandboxed",
+    "use_system_chromium",
+]
+
+logger = logging.getLogger(__name__)
 
 _HEAVY_RESOURCES = frozenset({"image", "font", "media"})
 
@@ -26,12 +35,15 @@ def use_system_chromium(settings: BaseSettings) -> None:
     Called by the add-on before the settings are frozen, so ``-s
     PLAYWRIGHT_CHROMIUM_PATH=...`` reaches the launch options, and a node
     without Chromium stops at start instead of crawling on without JavaScript.
+    Chromium's sandbox is on (Playwright's ``chromium_sandbox``) unless the
+    node runs as root, where it cannot start, or the launch options say otherwise.
     """
     config = RenderingConfig.from_settings(settings)
     if config.remote or config.browser_type != "chromium":
         return
     options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
     options["executable_path"] = config.find_chromium()
+    options.setdefault("chromium_sandbox", os.geteuid() != 0)
     priority = settings.getpriority("PLAYWRIGHT_LAUNCH_OPTIONS") or "addon"
     settings.set("PLAYWRIGHT_LAUNCH_OPTIONS", options, priority=priority)
 
@@ -58,6 +70,15 @@ class LazyBrowserProvider(PlaywrightBrowserProvider):  # type: ignore[misc]
     async def launch_browser(self) -> Browser:
         """Start Playwright if needed, then launch the browser."""
         await self._start_playwright()
+        if self._local_chromium() and not chromium_sandboxed(self.config.launch_options):
+            logger.warning(
+                "Chromium runs without its sandbox (--no-sandbox) because %s: a page that"
+                " exploits a bug of its renderer gets this node's rights. Run the node as a"
+                " user other than root (the units in deploy/systemd do).",
+                "this node runs as root, where the sandbox cannot start"
+                if os.geteuid() == 0
+                else "PLAYWRIGHT_LAUNCH_OPTIONS turn it off",
+            )
         browser: Browser = await super().launch_browser()
         return browser
 
@@ -66,6 +87,20 @@ class LazyBrowserProvider(PlaywrightBrowserProvider):  # type: ignore[misc]
         await self._start_playwright()
         context: BrowserContext = await super().launch_persistent_context(context_kwargs)
         return context
+
+    def _local_chromium(self) -> bool:
+        cfg = self.config
+        return cfg.browser_type_name == "chromium" and not (cfg.cdp_url or cfg.connect_url)
+
+
+def chromium_sandboxed(launch_options: dict[str, Any]) -> bool:
+    """Whether Chromium launched with *launch_options* runs in its sandbox.
+
+    Playwright passes ``--no-sandbox`` unless ``chromium_sandbox`` is true.
+    """
+    return bool(launch_options.get("chromium_sandbox")) and "--no-sandbox" not in (
+        launch_options.get("args") or ()
+    )
 
 
 def abort_heavy_request(request: PlaywrightRequest) -> bool:

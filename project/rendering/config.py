@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
-from scrapy_playwright.page import PageMethod
 
 from project.config import read_settings, setting
-from project.rendering.wire import page_method_from_json, page_method_to_json
+from project.rendering.wire import check_rule_page_method
 
 if TYPE_CHECKING:
     from typing import Self
 
     from scrapy.settings import BaseSettings
+    from scrapy_playwright.page import PageMethod
 
 __all__ = [
     "DEFAULT_CHROMIUM_PATH",
@@ -52,7 +52,8 @@ def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tupl
 
     A string is a JSON list or dict (command line), or else a single regex.
     Page methods are ``PageMethod`` objects or their JSON form
-    ``{"method": ..., "args": [...], "kwargs": {...}}``.
+    ``{"method": ..., "args": [...], "kwargs": {...}}``; being code on the
+    node, rules may run JavaScript (``evaluate``), which requests may not.
     """
     if isinstance(value, str):
         text = value.strip()
@@ -70,26 +71,16 @@ def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tupl
     for pattern, methods in items:
         try:
             regex = re.compile(pattern)
-            page_methods = tuple(_page_method(m) for m in methods or ())
+            page_methods = tuple(check_rule_page_method(m) for m in methods or ())
         except (re.error, TypeError, ValueError) as exc:
             raise RenderingConfigError(f"{name}: bad rule {pattern!r}: {exc}") from exc
         rules.append(RenderRule(regex, page_methods))
     return tuple(rules)
 
 
-def _page_method(value: Any) -> PageMethod:
-    if isinstance(value, PageMethod):
-        # Rules are applied after the frontier: still hold them to its allow-list,
-        # or a retried request could not be sent back.
-        page_method_to_json(value)
-        return value
-    return page_method_from_json(value)
-
-
 _LAUNCH_OPTIONS = {
     "headless": True,
     "args": [
-        "--no-sandbox",  # nodes run as root, where Chromium's sandbox cannot start
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--no-first-run",
@@ -130,6 +121,14 @@ class RenderingConfig:
     abort_request: str = setting(
         "PLAYWRIGHT_ABORT_REQUEST", "project.rendering.browser.abort_heavy_request", export=True
     )
+    #: Milliseconds, as scrapy-playwright reads it: page.goto and each page method's load wait.
+    navigation_timeout: float = setting(
+        "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT", 30000.0, export=True
+    )
+    #: Seconds from a page's creation to its response, page methods included.
+    render_timeout: float = setting("PLAYWRIGHT_RENDER_TIMEOUT", 60.0)
+    #: The keys of scrapy-playwright's PLAYWRIGHT_CONTEXTS, created when the node starts.
+    named_contexts: tuple[str, ...] = ()
     #: PLAYWRIGHT_CDP_URL or PLAYWRIGHT_CONNECT_URL is set: the browser runs elsewhere.
     remote: bool = False
 
@@ -149,6 +148,7 @@ class RenderingConfig:
                 settings,
                 chromium_path=chromium,
                 rules=parse_render_rules(settings.get("PLAYWRIGHT_RENDER_URLS")),
+                named_contexts=tuple(settings.getdict("PLAYWRIGHT_CONTEXTS")),
                 remote=bool(
                     settings.get("PLAYWRIGHT_CDP_URL") or settings.get("PLAYWRIGHT_CONNECT_URL")
                 ),
@@ -161,7 +161,23 @@ class RenderingConfig:
                 "PLAYWRIGHT_MAX_CONTEXTS and PLAYWRIGHT_MAX_PAGES_PER_CONTEXT must be at least 1"
                 " (unbounded browsers take all the memory of a node)"
             )
+        if config.max_contexts <= len(config.named_contexts):
+            raise RenderingConfigError(
+                f"PLAYWRIGHT_MAX_CONTEXTS ({config.max_contexts}) must be more than the"
+                f" {len(config.named_contexts)} contexts of PLAYWRIGHT_CONTEXTS: each holds a"
+                " context for good, and the fleet's own renders need at least one more"
+            )
+        if config.render_timeout <= 0 or config.navigation_timeout <= 0:
+            raise RenderingConfigError(
+                "PLAYWRIGHT_RENDER_TIMEOUT and PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT must be"
+                " above 0 (a render without a bound holds its page and its lease for ever)"
+            )
         return config
+
+    @property
+    def fleet_contexts(self) -> int:
+        """How many contexts the fleet's renders are spread over (``fleet-0``, ...)."""
+        return self.max_contexts - len(self.named_contexts)
 
     def find_chromium(self) -> str:
         """Absolute path of the Chromium binary; RenderingConfigError if there is none."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from scrapy_playwright.page import PageMethod
 
-from project.rendering import wire as _wire  # noqa: F401  (registers PageMethod on the wire)
 from project.rendering.config import RenderingConfig, parse_render_rules
+from project.rendering.wire import RULE_META_KEY
 
 if TYPE_CHECKING:
     from typing import Self
@@ -20,10 +21,12 @@ if TYPE_CHECKING:
 
 __all__ = ["FALLBACK_META_KEY", "RenderingMiddleware"]
 
+logger = logging.getLogger(__name__)
+
 #: request.meta key of a spider's rendered second fetch; such a page is never rendered again.
 FALLBACK_META_KEY = "render_fallback"
 
-#: Contexts named by the middleware; any other ``playwright_context`` is the spider's own.
+#: Contexts named by the middleware: ``fleet-0``, ``fleet-1``, ...
 _CONTEXT_PREFIX = "fleet-"
 
 
@@ -32,13 +35,24 @@ class RenderingMiddleware:
 
     Rules come from the spider's ``render_urls`` attribute if it has one, else
     from PLAYWRIGHT_RENDER_URLS. ``meta["playwright"] = False`` opts a request out.
+    A render goes to a context of PLAYWRIGHT_CONTEXTS if it names one, else to
+    one of the fleet's: any other name would open a context that holds one of
+    PLAYWRIGHT_MAX_CONTEXTS for good, and every later render would wait for it.
     """
 
-    def __init__(self, rules: tuple[RenderRule, ...], max_contexts: int, stats: StatsCollector):
+    def __init__(
+        self,
+        rules: tuple[RenderRule, ...],
+        fleet_contexts: int,
+        stats: StatsCollector,
+        named_contexts: tuple[str, ...] = (),
+    ) -> None:
         self.rules = rules
-        self.max_contexts = max_contexts
+        self.fleet_contexts = fleet_contexts
+        self.named_contexts = frozenset(named_contexts)
         self.stats = stats
         self._renders = 0
+        self._warned: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -50,31 +64,57 @@ class RenderingMiddleware:
         if spider_rules is not None:
             rules = parse_render_rules(spider_rules, f"{spider.name}.render_urls")
         assert crawler.stats is not None
-        return cls(rules, config.max_contexts, crawler.stats)
+        return cls(rules, config.fleet_contexts, crawler.stats, config.named_contexts)
 
     def process_request(self, request: Request) -> None:
         """Set ``playwright`` (and page methods) from a rule; pick a context for a render."""
-        render = request.meta.get("playwright")
+        meta = request.meta
+        added: list[str] = []
+        render = meta.get("playwright")
         if render is None:
             rule = self.match(request.url)
             if rule is None:
                 return
-            request.meta["playwright"] = True
-            if rule.page_methods and "playwright_page_methods" not in request.meta:
+            meta["playwright"] = True
+            added.append("playwright")
+            if rule.page_methods and "playwright_page_methods" not in meta:
                 # Fresh objects: the handler stores each method's result on them.
-                request.meta["playwright_page_methods"] = [
+                meta["playwright_page_methods"] = [
                     PageMethod(m.method, *m.args, **m.kwargs) for m in rule.page_methods
                 ]
+                added.append("playwright_page_methods")
             self.stats.inc_value("playwright/rule")
         elif not render:
             return
-        context = request.meta.get("playwright_context")
-        # Names from another node (a retried request) are reassigned: its limit may differ.
-        if context is None or str(context).startswith(_CONTEXT_PREFIX):
-            request.meta["playwright_context"] = (
-                f"{_CONTEXT_PREFIX}{self._renders % self.max_contexts}"
-            )
+        context = meta.get("playwright_context")
+        if not (isinstance(context, str) and context in self.named_contexts):
+            foreign = context is not None and not str(context).startswith(_CONTEXT_PREFIX)
+            if foreign and self._first_refusal("context"):
+                logger.warning(
+                    "%s names browser context %r, which is not in PLAYWRIGHT_CONTEXTS:"
+                    " rendered in a context of the fleet instead (further ones are"
+                    " counted in playwright/refused/context)",
+                    request,
+                    context,
+                )
+            # Names from another node (a retried request) are reassigned too: its limit may differ.
+            meta["playwright_context"] = f"{_CONTEXT_PREFIX}{self._renders % self.fleet_contexts}"
+            added.append("playwright_context")
             self._renders += 1
+        # Contexts are shared and long-lived: one request must not set a proxy,
+        # headers or credentials for every later render of the node.
+        kwargs = meta.pop("playwright_context_kwargs", None)
+        if kwargs is not None and self._first_refusal("context_kwargs"):
+            logger.warning(
+                "%s sets playwright_context_kwargs, which only PLAYWRIGHT_CONTEXTS may:"
+                " ignored (further ones are counted in playwright/refused/context_kwargs)",
+                request,
+            )
+        if added:
+            previous = meta.get(RULE_META_KEY)
+            if isinstance(previous, list):
+                added += [key for key in previous if isinstance(key, str)]
+            meta[RULE_META_KEY] = sorted(set(added))
 
     def match(self, url: str) -> RenderRule | None:
         """The first rule whose pattern is found in *url*."""
@@ -82,3 +122,11 @@ class RenderingMiddleware:
             if rule.pattern.search(url):
                 return rule
         return None
+
+    def _first_refusal(self, what: str) -> bool:
+        """Count a refused meta value; True the first time, to warn once per node."""
+        self.stats.inc_value(f"playwright/refused/{what}")
+        if what in self._warned:
+            return False
+        self._warned.add(what)
+        return True

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pymongo.errors import ConfigurationError
+from pymongo.uri_parser import parse_uri
 from scrapy.exceptions import NotConfigured
 
-from project.config import read_settings, setting
+from project.config import read_settings, setting, setting_fields
 from project.utils import mask_url
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["MongoConfig"]
+__all__ = ["DEFAULT_JOURNAL_DIR", "MongoConfig", "StorageConfigError"]
+
+#: The journal folder of a database and a spider (``{database}``, ``{spider}`` replaced).
+DEFAULT_JOURNAL_DIR = ".state/journal/{database}/{spider}"
+#: The default before journals were keyed by database: adopted from, never written to.
+_LEGACY_JOURNAL_DIR = ".state/journal/{spider}"
 
 #: Settings that must not be empty, and their fields.
 _REQUIRED = {
@@ -24,7 +32,21 @@ _REQUIRED = {
     "MONGO_REJECTS_COLLECTION": "rejects_collection",
     "MONGO_FAILURES_COLLECTION": "failures_collection",
     "MONGO_JOURNAL_DIR": "journal_dir",
+    "MONGO_WRITE_CONCERN": "write_concern",
 }
+
+
+class StorageConfigError(RuntimeError):
+    """The storage settings cannot work, so the node must not start.
+
+    Not ``NotConfigured``: Scrapy answers that by disabling the pipelines and
+    crawling on, acknowledging every page while storing nothing. *reason* is the
+    finish reason of a crawl that stops for it.
+    """
+
+    def __init__(self, message: str, reason: str = "storage_settings") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -38,41 +60,90 @@ class MongoConfig:
     failures_collection: str = setting("MONGO_FAILURES_COLLECTION", "failures")
     batch_size: int = setting("MONGO_BATCH_SIZE", 100)
     flush_interval: float = setting("MONGO_FLUSH_INTERVAL", 1.0)
-    #: ``{spider}`` is replaced by the spider's name.
-    journal_dir: Path = setting("MONGO_JOURNAL_DIR", ".state/journal/{spider}")
+    #: ``{database}`` and ``{spider}`` are replaced by the database and the spider's name.
+    journal_dir: Path = setting("MONGO_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)
     retry_max_delay: float = setting("MONGO_RETRY_MAX_DELAY", 30.0)
     server_selection_timeout: float = setting("MONGO_SERVER_SELECTION_TIMEOUT", 3.0)
     socket_timeout: float = setting("MONGO_SOCKET_TIMEOUT", 30.0)
+    #: ``majority``, a number of members (``1``, ``2``, ...) or a tag set's name.
+    write_concern: str = setting("MONGO_WRITE_CONCERN", "majority")
     crawl_id: str = setting("CRAWL_ID", "", shown="<spider>-<start time, UTC>")
+    #: Folders of the layout before ``{database}``: their segments of this database are adopted.
+    legacy_journal_dirs: tuple[Path, ...] = field(default=())
 
     @classmethod
     def from_settings(
         cls, settings: BaseSettings, *, spider_name: str = "spider", started: datetime | None = None
     ) -> MongoConfig:
-        """Read the settings; raise ``NotConfigured`` on a value that cannot work."""
-        values = read_settings(cls, settings)
+        """Read the settings; raise ``StorageConfigError`` on a value that cannot work."""
+        _refuse_unknown(settings)
+        try:
+            values = read_settings(cls, settings)
+        except NotConfigured as exc:
+            raise StorageConfigError(str(exc)) from exc
         for name in ("uri", "database", "products_collection", "rejects_collection",
-                     "failures_collection", "journal_dir", "crawl_id"):  # fmt: skip
+                     "failures_collection", "journal_dir", "write_concern", "crawl_id"):  # fmt: skip
             values[name] = str(values[name] or "").strip()
-        uri = values["uri"]
-        if not uri.startswith(("mongodb://", "mongodb+srv://")):
-            raise NotConfigured(
-                f"MONGO_URI must start with mongodb:// or mongodb+srv://, got {mask_url(uri)!r}"
+        for name, field_name in _REQUIRED.items():
+            if not values[field_name]:
+                raise StorageConfigError(f"{name} is empty")
+        _check_uri(values["uri"])
+        if values["write_concern"] == "0" or values["write_concern"].startswith("-"):
+            raise StorageConfigError(
+                f"MONGO_WRITE_CONCERN must acknowledge writes (majority, 1, 2, ... or a tag),"
+                f" got {values['write_concern']!r}: the store returns only once a batch is durable"
             )
-        for name, field in _REQUIRED.items():
-            if not values[field]:
-                raise NotConfigured(f"{name} is empty")
         if values["batch_size"] < 1:
-            raise NotConfigured(f"MONGO_BATCH_SIZE must be >= 1, got {values['batch_size']}")
-        for name, field in (
+            raise StorageConfigError(f"MONGO_BATCH_SIZE must be >= 1, got {values['batch_size']}")
+        for name, field_name in (
             ("MONGO_FLUSH_INTERVAL", "flush_interval"),
             ("MONGO_RETRY_MAX_DELAY", "retry_max_delay"),
             ("MONGO_SERVER_SELECTION_TIMEOUT", "server_selection_timeout"),
             ("MONGO_SOCKET_TIMEOUT", "socket_timeout"),
         ):
-            if not values[field] > 0:
-                raise NotConfigured(f"{name} must be > 0, got {settings.get(name)!r}")
+            if not values[field_name] > 0:
+                raise StorageConfigError(f"{name} must be > 0, got {settings.get(name)!r}")
         started = started or datetime.now(UTC)
-        values["journal_dir"] = Path(values["journal_dir"].replace("{spider}", spider_name))
+        template, database = values["journal_dir"], values["database"]
+        values["journal_dir"] = _journal_dir(template, database, spider_name)
+        if template == DEFAULT_JOURNAL_DIR:
+            values["legacy_journal_dirs"] = (_journal_dir(_LEGACY_JOURNAL_DIR, "", spider_name),)
         values["crawl_id"] = values["crawl_id"] or f"{spider_name}-{started:%Y%m%dT%H%M%SZ}"
         return cls(**values)
+
+
+def _journal_dir(template: str, database: str, spider: str) -> Path:
+    return Path(template.replace("{database}", database).replace("{spider}", spider))
+
+
+def _check_uri(uri: str) -> None:
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise StorageConfigError(
+            f"MONGO_URI must start with mongodb:// or mongodb+srv://, got {mask_url(uri)!r}"
+        )
+    if uri.startswith("mongodb+srv://"):
+        return  # parsing an SRV URI looks its hosts up in DNS: the client checks it at open
+    try:
+        parse_uri(uri)
+    except (ConfigurationError, ValueError) as exc:
+        raise StorageConfigError(f"MONGO_URI {mask_url(uri)!r} is not valid: {exc}") from exc
+
+
+def _refuse_unknown(settings: BaseSettings) -> None:
+    """A misspelt ``MONGO_*`` name would silently leave its default in force.
+
+    The store owns the ``MONGO_`` prefix, so any other name under it is refused; a
+    ``MONGODB_*`` name (scrapy-mongodb's spelling) only when it is close to one of ours.
+    """
+    known = sorted(name for _, name, _ in setting_fields(MongoConfig) if name.startswith("MONGO"))
+    for name in sorted(n for n in settings if isinstance(n, str) and n.startswith("MONGO")):
+        if name in known or settings.get(name) is None:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+        if close:
+            hint = f"did you mean {close[0]}?"
+        elif name.startswith("MONGO_"):
+            hint = "the MONGO_ settings are " + ", ".join(known)
+        else:
+            continue
+        raise StorageConfigError(f"unknown setting {name}: {hint} (see docs/settings.md)")

@@ -4,31 +4,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import socket
 import time
 from collections import Counter
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from pymongo import AsyncMongoClient, InsertOne, ReplaceOne, UpdateOne
-from pymongo.errors import BulkWriteError, ConnectionFailure, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    ConfigurationError,
+    ConnectionFailure,
+    OperationFailure,
+    PyMongoError,
+)
+from pymongo.write_concern import WriteConcern
+from scrapy import signals
+from scrapy.exceptions import CloseSpider
 
-from project.storage.config import MongoConfig
-from project.storage.journal import Journal
+from project.storage.config import MongoConfig, StorageConfigError
+from project.storage.documents import (
+    MAX_BSON_SIZE,
+    bounded,
+    from_ms,
+    stored_ms,
+    to_ms,
+    unencodable,
+)
+from project.storage.errors import (
+    ItemNotStoredError,
+    ItemRejectedError,
+    describe,
+    is_authentication_failure,
+    severity,
+)
+from project.storage.journal import Journal, JournalLockedError
 from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
     from project.schema import Product
 
-__all__ = ["MongoStore", "StoreWriteError"]
+__all__ = ["ItemNotStoredError", "ItemRejectedError", "MongoStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +62,13 @@ _FIRST_RETRY_DELAY = 0.5
 # FerretDB 1.24 (SQLite) hangs for good on an update command that modifies 100 or more
 # existing documents, so a batch is sent as several bulk commands of at most this many ops.
 _MAX_OPS_PER_COMMAND = 50
+_DUPLICATE_KEY = 11000
+#: A permanent error that goes on is logged again after this many seconds.
+_REMIND_SECONDS = 600.0
 _Record = dict[str, Any]
 _Group = list[tuple[int, _Record]]
-_DUPLICATE_KEY = 11000
 _Pending = tuple[_Record, "asyncio.Future[None]"]
-
-
-class StoreWriteError(Exception):
-    """MongoDB refused to write one document (a permanent error: it is not retried)."""
-
+_Document = dict[str, Any]
 
 _stores: WeakKeyDictionary[Crawler, MongoStore] = WeakKeyDictionary()
 
@@ -53,18 +77,27 @@ class MongoStore:
     """Writes products and rejects to MongoDB in batches, or to the local journal while it is away.
 
     ``save_*`` return once the record is durable: acknowledged by MongoDB in a bulk write, or
-    appended and fsync'd to the journal. While the journal is not empty every write goes to it
-    (so replays keep the order), and a background task retries MongoDB with exponential backoff,
-    replays the journal segment by segment and deletes each segment once MongoDB acknowledged it.
+    appended and fsync'd to the journal; they raise ``ItemNotStoredError`` when neither took it,
+    and ``ItemRejectedError`` (a ``DropItem``) for a document MongoDB cannot take, which is
+    stored in rejects with the reason instead. While the journal is not empty every write goes
+    to it (so replays keep the order), and a background task retries MongoDB with exponential
+    backoff, replays the journal segment by segment and deletes each segment once MongoDB
+    acknowledged it. A product's content is written only by a record seen after the stored
+    one (``last_seen``), so a late replay never overwrites what another node wrote since.
     """
 
     def __init__(self, config: MongoConfig, stats: StatsCollector) -> None:
         self.config: MongoConfig = config
         self.journal: Journal = Journal(
-            config.journal_dir, segment_records=max(1000, 20 * config.batch_size)
+            config.journal_dir,
+            database=config.database,
+            legacy=config.legacy_journal_dirs,
+            segment_records=max(1000, 20 * config.batch_size),
         )
         self._stats = stats
-        self._client: AsyncMongoClient[dict[str, Any]] | None = None
+        self._client: AsyncMongoClient[_Document] | None = None
+        self._database: AsyncDatabase[_Document] | None = None
+        self._max_bson = MAX_BSON_SIZE
         self._pending: list[_Pending] = []
         self._flush_lock = asyncio.Lock()
         self._flush_queued = False
@@ -73,17 +106,28 @@ class MongoStore:
         self._recovery: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._journaling = False
+        self._journal_failing = False
+        self._last_error: tuple[str, float] | None = None
         self._users = 0
         self._opening: asyncio.Task[None] | None = None
+        #: The finish reason of a node that could not open its store.
+        self.fatal: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> MongoStore:
         """The crawler's store, shared by every pipeline that writes through it."""
         store = _stores.get(crawler)
         if store is None:
-            config = MongoConfig.from_settings(crawler.settings, spider_name=crawler.spidercls.name)
+            try:
+                config = MongoConfig.from_settings(
+                    crawler.settings, spider_name=crawler.spidercls.name
+                )
+            except StorageConfigError as exc:
+                logger.error("%s: this node cannot store items, so it does not start", exc)
+                raise
             assert crawler.stats is not None
             store = _stores[crawler] = cls(config, crawler.stats)
+            crawler.signals.connect(store.crawl_closed, signal=signals.spider_closed)
         return store
 
     @property
@@ -91,39 +135,99 @@ class MongoStore:
         """True while writes go to the journal instead of MongoDB."""
         return self._journaling
 
+    @property
+    def write_concern(self) -> WriteConcern | None:
+        """The write concern in force (None until MongoDB first answered)."""
+        return self._database.write_concern if self._database is not None else None
+
+    # -- opening and closing ---------------------------------------------------------------
+
     async def open(self) -> None:
-        """Connect, create the indexes, and start replaying a journal left by a previous run."""
+        """Connect, create the indexes, and start replaying a journal left by a previous run.
+
+        Raises ``StorageConfigError`` when the node cannot work: the journal folder cannot be
+        written, MongoDB refuses the credentials, or the write concern cannot be satisfied.
+        """
         self._users += 1
         if self._opening is None:
             self._opening = asyncio.ensure_future(self._open())
         await self._opening
 
+    async def open_for_crawl(self) -> None:
+        """:meth:`open` for a pipeline: a node that cannot store closes at once, and exits 1.
+
+        The frontier's way (``project.frontier.scheduler``): one ERROR line, ``CloseSpider``
+        with the reason (the engine honours it once the spider is open, so every component
+        closes cleanly), and at ``spider_closed`` no spider, which ``scrapy crawl`` reports
+        as a crawl that failed to start.
+        """
+        try:
+            await self.open()
+        except StorageConfigError as exc:
+            self.fatal = exc.reason
+            raise CloseSpider(exc.reason) from exc
+
     async def _open(self) -> None:
+        try:
+            await self._connect()
+        except StorageConfigError as exc:
+            logger.error("%s: this node cannot store items, so it does not start", exc)
+            raise
+
+    async def _connect(self) -> None:
         config = self.config
-        await asyncio.to_thread(self.journal.open)
-        backlog = await asyncio.to_thread(self.journal.backlog)
-        self._client = AsyncMongoClient(
-            config.uri,
-            serverSelectionTimeoutMS=int(config.server_selection_timeout * 1000),
-            connectTimeoutMS=int(config.server_selection_timeout * 1000),
-            socketTimeoutMS=int(config.socket_timeout * 1000),
-            tz_aware=True,
-            appname="fleetcrawl",
-        )
+        try:
+            await asyncio.to_thread(self.journal.open)
+            backlog = await asyncio.to_thread(self.journal.backlog)
+        except (OSError, JournalLockedError) as exc:
+            raise StorageConfigError(
+                f"cannot use the journal folder {config.journal_dir} ({exc}):"
+                " set MONGO_JOURNAL_DIR to a folder this process may write",
+                "journal_unusable",
+            ) from exc
+        try:
+            self._client = AsyncMongoClient(
+                config.uri,
+                serverSelectionTimeoutMS=int(config.server_selection_timeout * 1000),
+                connectTimeoutMS=int(config.server_selection_timeout * 1000),
+                socketTimeoutMS=int(config.socket_timeout * 1000),
+                tz_aware=True,
+                appname="fleetcrawl",
+            )
+        except (ConfigurationError, ValueError) as exc:
+            await asyncio.to_thread(self.journal.close)
+            raise StorageConfigError(f"MONGO_URI {mask_url(config.uri)!r}: {exc}") from exc
         logger.info(
             "MongoDB store %s, database %s, crawl_id %s, journal %s",
-            mask_url(config.uri), config.database, config.crawl_id, config.journal_dir,
+            mask_url(config.uri), config.database, config.crawl_id, self.journal.directory,
         )  # fmt: skip
+        try:
+            await self._prepare()
+        except StorageConfigError:
+            await self._abandon()
+            raise
+        except PyMongoError as exc:
+            if is_authentication_failure(exc):
+                await self._abandon()
+                raise StorageConfigError(
+                    f"MongoDB at {mask_url(config.uri)} refused the credentials"
+                    f" ({describe(exc)}): check the user and password in MONGO_URI",
+                    "mongo_auth",
+                ) from exc
+            self._switch_to_journal(exc)
+            return
         if backlog:
             logger.info(
                 "found %d journaled items in %s, replaying them first", backlog, config.journal_dir
             )
             self._start_journaling(delay=0.0)
-            return
-        try:
-            await self._ensure_indexes()
-        except PyMongoError as exc:
-            self._switch_to_journal(exc)
+
+    async def _abandon(self) -> None:
+        """Undo an open that cannot go on."""
+        await asyncio.to_thread(self.journal.close)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def close(self) -> None:
         """Flush, make a last replay attempt, and disconnect (when the last user closes)."""
@@ -137,22 +241,39 @@ class MongoStore:
         self._closing.set()
         if self._recovery is not None:
             await self._recovery
-        if self._journaling:
+        backlog = await asyncio.to_thread(self.journal.backlog)
+        self._stats.set_value("mongo/journal_backlog", backlog)
+        if backlog:
             logger.warning(
                 "closing with %d journaled items in %s: they are replayed at the next start",
-                await asyncio.to_thread(self.journal.backlog), self.config.journal_dir,
+                backlog, self.journal.directory,
             )  # fmt: skip
         await asyncio.to_thread(self.journal.close)
         client, self._client = self._client, None
         await client.close()
 
+    def crawl_closed(self, spider: Spider, reason: str) -> None:
+        """``spider_closed``: a crawl that ``finished`` with a journal backlog says so."""
+        if self.fatal is not None:
+            spider.crawler.spider = None  # exit status 1: see open_for_crawl
+        backlog = int(self._stats.get_value("mongo/journal_backlog", 0) or 0)
+        if reason == "finished" and backlog:
+            logger.warning(
+                "crawl finished with %d items not in MongoDB yet: they wait in the journal %s"
+                " on %s, and reach MongoDB only when a node starts there again with this"
+                " MONGO_JOURNAL_DIR",
+                backlog, self.config.journal_dir, socket.gethostname(), extra={"spider": spider},
+            )  # fmt: skip
+
+    # -- saving ----------------------------------------------------------------------------
+
     async def save_product(self, product: Product, *, seen: float | None = None) -> None:
         """Upsert a product by canonical URL; return once it is durable."""
-        doc = {**product.content(), "url": product.url, "rendered": product.rendered}
         record = {
+            "db": self.config.database,
             "kind": "product",
             "id": product.canonical_url,
-            "doc": doc,
+            "doc": {**product.content(), "url": product.url, "rendered": product.rendered},
             "hash": product.content_hash(),
             "seen": time.time() if seen is None else seen,
             "crawl_id": self.config.crawl_id,
@@ -167,17 +288,18 @@ class MongoStore:
         seen: float | None = None,
     ) -> None:
         """Store a rejected item with its reasons per field; return once it is durable."""
-        raw = json.loads(json.dumps(dict(item), default=str))
+        raw = bounded(dict(item))
         url = str(raw.get("url") or "")
         key = raw.get("canonical_url") if isinstance(raw.get("canonical_url"), str) else None
         doc = {
             "url": url,
             "canonical_url": key,
             "item": raw,
-            "reasons": {field: list(messages) for field, messages in reasons.items()},
+            "reasons": bounded({field: list(messages) for field, messages in reasons.items()}),
             "crawl_id": self.config.crawl_id,
         }
         record = {
+            "db": self.config.database,
             "kind": "reject",
             "id": f"{self.config.crawl_id}|{key or url}",
             "doc": doc,
@@ -238,16 +360,59 @@ class MongoStore:
             else:
                 _settle(chunk, failures)
                 return
-        await asyncio.to_thread(self.journal.append, records)
+        try:
+            await asyncio.to_thread(self.journal.append, records)
+        except OSError as exc:
+            self._journal_failed(exc, len(records))
+            _settle(chunk, {i: self._not_stored(exc) for i in range(len(chunk))})
+            return
+        if self._journal_failing:
+            self._journal_failing = False
+            logger.warning("the journal %s takes items again", self.journal.directory)
         self._stats.inc_value("mongo/journaled", len(records))
         _settle(chunk, {})
 
-    def _switch_to_journal(self, exc: PyMongoError) -> None:
-        what = "unreachable" if isinstance(exc, ConnectionFailure) else "failed"
-        logger.warning(
-            "MongoDB %s (%s), journaling to %s", what, _describe(exc), self.config.journal_dir
+    def _journal_failed(self, exc: OSError, count: int) -> None:
+        """Neither MongoDB nor the disk takes the items: the pipeline must fail them."""
+        self._stats.inc_value("mongo/journal_errors", count)
+        if not self._journal_failing:
+            self._journal_failing = True
+            logger.error(
+                "cannot journal %d items to %s (%s) while MongoDB is unavailable: they are not"
+                " stored, and the pipeline fails them",
+                count, self.journal.directory, describe(exc),
+            )  # fmt: skip
+
+    def _not_stored(self, exc: OSError) -> ItemNotStoredError:
+        error = ItemNotStoredError(
+            f"neither MongoDB nor the journal {self.journal.directory} took the item"
+            f" ({describe(exc)})"
         )
+        error.__cause__ = exc
+        return error
+
+    # -- MongoDB unavailable: the journal and its replay -----------------------------------
+
+    def _switch_to_journal(self, exc: PyMongoError) -> None:
+        if severity(exc) == "permanent":
+            self._permanent_error(exc, f"writes refused, journaling to {self.journal.directory}")
+        else:
+            what = "unreachable" if isinstance(exc, ConnectionFailure) else "failed"
+            logger.warning(
+                "MongoDB %s (%s), journaling to %s", what, describe(exc), self.journal.directory
+            )
         self._start_journaling()
+
+    def _permanent_error(self, exc: BaseException, what: str) -> None:
+        """A fault only an operator can fix: an ERROR (again when it changes), a stat, the text."""
+        text = f"{what}: {describe(exc)}"
+        self._stats.inc_value("mongo/permanent_errors")
+        self._stats.set_value("mongo/last_error", text)
+        now = time.monotonic()
+        last = self._last_error
+        if last is None or last[0] != text or now - last[1] >= _REMIND_SECONDS:
+            self._last_error = (text, now)
+            logger.error("MongoDB at %s: %s", mask_url(self.config.uri), text)
 
     def _start_journaling(self, delay: float = _FIRST_RETRY_DELAY) -> None:
         self._journaling = True
@@ -261,19 +426,28 @@ class MongoStore:
                 await asyncio.wait_for(self._closing.wait(), delay)
             try:
                 await self._replay()
-            except (PyMongoError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 (this loop must outlive any failure)
                 self._stats.inc_value("mongo/retries")
                 if self._closing.is_set():
                     return
                 delay, next_delay = next_delay, min(next_delay * 2, self.config.retry_max_delay)
-                log = logger.debug if isinstance(exc, PyMongoError) else logger.error
-                log("journal replay failed (%s), next attempt in %.1f s", _describe(exc), delay)
+                self._replay_failed(exc, delay)
             else:
                 return
 
+    def _replay_failed(self, exc: Exception, delay: float) -> None:
+        if isinstance(exc, PyMongoError) and severity(exc) == "transient":
+            logger.debug("journal replay failed (%s), next attempt in %.1f s", describe(exc), delay)
+        elif isinstance(exc, PyMongoError | StorageConfigError):
+            self._permanent_error(exc, f"journal replay refused, items wait in {self.journal.base}")
+        elif isinstance(exc, OSError):
+            logger.error("journal replay failed (%s), next attempt in %.1f s", describe(exc), delay)
+        else:
+            logger.error("journal replay failed, next attempt in %.1f s", delay, exc_info=exc)
+
     async def _replay(self) -> None:
         """Replay the journal oldest segment first; switch back to direct writes once it is empty."""
-        await self._ensure_indexes()
+        await self._prepare()
         announced = False
         while True:
             async with self._flush_lock:
@@ -291,169 +465,333 @@ class MongoStore:
                 logger.info(
                     "MongoDB back, replaying %d journaled items from %s",
                     backlog,
-                    self.config.journal_dir,
+                    self.journal.directory,
                 )
                 announced = True
             for segment in segments:
                 records = await asyncio.to_thread(self.journal.read, segment)
+                if malformed := [r for r in records if not _well_formed(r)]:
+                    # Not written by this store (edited by hand, another program): dropped.
+                    self._stats.inc_value("mongo/journal_malformed", len(malformed))
+                    logger.error("dropping %d malformed records of %s", len(malformed), segment)
+                    records = [r for r in records if _well_formed(r)]
                 for start in range(0, len(records), self.config.batch_size):
-                    # Permanent per-document errors are logged and counted by _write; not retried.
+                    # What MongoDB cannot take goes to rejects: a record never blocks the replay.
                     await self._write(records[start : start + self.config.batch_size])
                 await asyncio.to_thread(self.journal.remove, segment)
                 self._stats.inc_value("mongo/replayed", len(records))
 
-    async def _ensure_indexes(self) -> None:
-        db = self._db()
-        await db[self.config.products_collection].create_index("sku", name="sku")
-        await db[self.config.rejects_collection].create_index("crawl_id", name="crawl_id")
+    # -- what the server supports ----------------------------------------------------------
 
-    def _db(self) -> Any:
+    async def _prepare(self) -> None:
+        """Learn the server's write concern and document size, and create the indexes (once)."""
+        if self._database is not None:
+            return
         if self._client is None:
             raise RuntimeError("the MongoDB store is not open")
-        return self._client[self.config.database]
+        hello = await self._client.admin.command("hello")
+        self._max_bson = int(hello.get("maxBsonObjectSize") or MAX_BSON_SIZE)
+        concern = self._write_concern(hello)
+        database = self._client.get_database(self.config.database, write_concern=concern)
+        await self._ensure_indexes(database)
+        self._database = database
+
+    def _write_concern(self, hello: Mapping[str, Any]) -> WriteConcern:
+        """``MONGO_WRITE_CONCERN``; on a single server (FerretDB, a standalone mongod), ``w=1``."""
+        wanted = self.config.write_concern
+        w: int | str = int(wanted) if wanted.isdigit() else wanted
+        replicated = bool(hello.get("setName")) or hello.get("msg") == "isdbgrid"
+        if not replicated:
+            if w not in ("majority", 1):
+                raise StorageConfigError(
+                    f"MONGO_WRITE_CONCERN={wanted} needs a replica set, but MongoDB at"
+                    f" {mask_url(self.config.uri)} is a single server: set it to majority or 1",
+                    "mongo_write_concern",
+                )
+            if w == "majority":
+                logger.info(
+                    "MongoDB at %s is a single server, not a replica set: a write is durable"
+                    " once it acknowledges it (w=1); MONGO_WRITE_CONCERN=majority applies to"
+                    " replica sets",
+                    mask_url(self.config.uri),
+                )
+            w = 1
+        self._stats.set_value("mongo/write_concern", str(w))
+        return WriteConcern(w=w)
+
+    async def _ensure_indexes(self, database: AsyncDatabase[_Document]) -> None:
+        """Create the query indexes; one the server refuses for good is an ERROR, not an outage."""
+        for collection, key in (
+            (self.config.products_collection, "sku"),
+            (self.config.rejects_collection, "crawl_id"),
+        ):
+            try:
+                await database[collection].create_index(key, name=key)
+            except PyMongoError as exc:
+                # Products are found by _id: without these indexes only queries are slower.
+                if severity(exc) == "transient" or is_authentication_failure(exc):
+                    raise
+                self._permanent_error(
+                    exc,
+                    f"cannot create the index {key} of {self.config.database}.{collection}"
+                    " (writes go on without it)",
+                )
+
+    def _collection(self, name: str) -> AsyncCollection[_Document]:
+        if self._database is None:
+            raise RuntimeError("the MongoDB store is not prepared")
+        return self._database[name]
+
+    # -- writing a batch -------------------------------------------------------------------
 
     async def _write(self, records: Sequence[_Record]) -> dict[int, Exception]:
-        """Write one batch; return the permanent failures by record index."""
+        """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
         products = [(i, r) for i, r in enumerate(records) if r["kind"] == "product"]
-        rejects = [(i, r) for i, r in enumerate(records) if r["kind"] == "reject"]
-        failures: dict[int, Exception] = {}
+        rejects = [(i, r) for i, r in enumerate(records) if r["kind"] != "product"]
         counts: Counter[str] = Counter()
-        if products:
-            failures.update(await self._write_products(products, counts))
-        if rejects:
-            groups = _group(rejects)
-            ops = [
-                ReplaceOne(
-                    {"_id": key},
-                    {**group[-1][1]["doc"], "rejected_at": _time(group[-1][1]["seen"])},
-                    upsert=True,
-                )
-                for key, group in groups.items()
-            ]
-            rejected, _ = await self._bulk(
-                self._db()[self.config.rejects_collection], ops, list(groups.values())
-            )
-            failures.update(rejected)
+        refused = await self._write_products(products, counts) if products else {}
+        for index, reason in refused.items():
+            rejects.append((index, _as_reject(records[index], reason)))
+            self._stats.inc_value("mongo/rejected")
+            self._stats.inc_value(f"mongo/rejected/{reason.split(':')[0].split()[0]}")
+        lost = await self._write_rejects(rejects) if rejects else {}
         self._stats.inc_value("mongo/batches")
         for name, count in counts.items():
             self._stats.inc_value(f"mongo/{name}", count)
-        return failures
-
-    async def _write_products(
-        self, products: list[tuple[int, _Record]], counts: Counter[str]
-    ) -> dict[int, Exception]:
-        collection = self._db()[self.config.products_collection]
-        groups = _group(products)
-        cursor = collection.find({"_id": {"$in": list(groups)}}, {"content_hash": 1})
-        stored = {doc["_id"]: doc.get("content_hash") async for doc in cursor}
-        new: list[tuple[dict[str, Any], _Group]] = []
-        changed: list[tuple[UpdateOne, _Group]] = []
-        unchanged: list[tuple[str, _Group]] = []
-        group_counts: dict[str, Counter[str]] = {}
-        for key, group in groups.items():
-            exists, current, seen = key in stored, stored.get(key), Counter[str]()
-            for _, record in group:
-                if not exists:
-                    seen["inserted"] += 1
-                    exists = True
-                elif record["hash"] != current:
-                    seen["updated"] += 1
-                else:
-                    seen["unchanged"] += 1
-                current = record["hash"]
-            group_counts[key] = seen
-            last = group[-1][1]
-            content = {**last["doc"], "content_hash": last["hash"], "crawl_id": last["crawl_id"]}
-            first_seen = _time(min(r["seen"] for _, r in group))
-            last_seen = _time(max(r["seen"] for _, r in group))
-            if key not in stored:
-                new.append(
-                    (
-                        {"_id": key, **content, "first_seen": first_seen, "last_seen": last_seen},
-                        group,
-                    )
-                )
-            elif stored[key] != last["hash"]:
-                update = {
-                    "$set": content,
-                    "$setOnInsert": {"first_seen": first_seen},
-                    "$max": {"last_seen": last_seen},
-                }
-                changed.append((UpdateOne({"_id": key}, update, upsert=True), group))
-            else:
-                unchanged.append((key, group))
-
-        # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
-        # another writer (duplicate _id) is redone as an upsert.
-        failures, duplicates = await self._bulk(
-            collection, [InsertOne(doc) for doc, _ in new], [g for _, g in new]
-        )
-        for position in duplicates:
-            doc, group = new[position]
-            content = {k: v for k, v in doc.items() if k not in ("_id", "first_seen", "last_seen")}
-            update = {
-                "$set": content,
-                "$setOnInsert": {"first_seen": doc["first_seen"]},
-                "$max": {"last_seen": doc["last_seen"]},
-            }
-            changed.append((UpdateOne({"_id": doc["_id"]}, update, upsert=True), group))
-        more, _ = await self._bulk(collection, [op for op, _ in changed], [g for _, g in changed])
-        failures.update(more)
-        # Unchanged content: only last_seen moves, one command per chunk (batch precision).
-        for start in range(0, len(unchanged), _MAX_OPS_PER_COMMAND):
-            chunk = unchanged[start : start + _MAX_OPS_PER_COMMAND]
-            last_seen = _time(max(r["seen"] for _, group in chunk for _, r in group))
-            await collection.update_many(
-                {"_id": {"$in": [key for key, _ in chunk]}}, {"$max": {"last_seen": last_seen}}
+        failures: dict[int, Exception] = {}
+        for index, reason in refused.items():
+            where = "not even in rejects" if index in lost else "stored in rejects instead"
+            failures[index] = ItemRejectedError(
+                f"MongoDB cannot take product {records[index]['id']} ({reason}): {where}"
             )
-        for key, group in groups.items():
-            if group[0][0] not in failures:
-                counts.update(group_counts[key])
+        for index, reason in lost.items():
+            failures.setdefault(index, ItemRejectedError(f"MongoDB refused the reject ({reason})"))
         return failures
+
+    async def _write_products(self, products: _Group, counts: Counter[str]) -> dict[int, str]:
+        """Write products by ``_id``; return why MongoDB cannot take some, by record index."""
+        collection = self._collection(self.config.products_collection)
+        refused: dict[int, str] = {}
+        groups: dict[str, _Group] = {}
+        for index, record in products:
+            reason = unencodable(_product_document(record, 0, 0), self._max_bson)
+            if reason is None:
+                groups.setdefault(record["id"], []).append((index, record))
+            else:
+                refused[index] = reason
+        if not groups:
+            return refused
+        cursor = collection.find(
+            {"_id": {"$in": list(groups)}}, {"content_hash": 1, "last_seen": 1}
+        )
+        stored = {
+            doc["_id"]: (doc.get("content_hash"), stored_ms(doc.get("last_seen")))
+            async for doc in cursor
+        }
+        plans = [_plan(key, group, stored.get(key)) for key, group in groups.items()]
+        new = [p for p in plans if p.insert]
+        inserts = [InsertOne(_product_document(p.winner, p.first_ms, p.last_ms)) for p in new]
+        # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
+        # another writer (duplicate _id) is redone as a conditional update.
+        more, duplicates = await self._bulk(collection, inserts, [p.group for p in new])
+        refused.update(more)
+        redo = [new[i] for i in duplicates] + [p for p in plans if not p.insert]
+        updates = [(op, p) for p in redo if (op := p.update()) is not None]
+        more, _ = await self._bulk(
+            collection, [op for op, _ in updates], [p.group for _, p in updates]
+        )
+        refused.update(more)
+        for plan in plans:
+            if plan.group[0][0] not in refused:
+                counts.update(plan.counts)
+        return refused
+
+    async def _write_rejects(self, rejects: _Group) -> dict[int, str]:
+        """Store rejects by ``_id`` unless a newer one is stored; return the refused ones."""
+        collection = self._collection(self.config.rejects_collection)
+        refused: dict[int, str] = {}
+        groups: dict[str, _Group] = {}
+        for index, record in rejects:
+            groups.setdefault(record["id"], []).append((index, record))
+        docs: dict[str, _Document] = {}
+        for key, group in groups.items():
+            newest = max(group, key=lambda item: item[1]["seen"])[1]
+            doc = {"_id": key, **newest["doc"], "rejected_at": from_ms(to_ms(newest["seen"]))}
+            reason = unencodable(doc, self._max_bson)
+            if reason is None:
+                docs[key] = doc
+            else:  # a bounded copy always encodes: only a reject not made by save_reject
+                logger.error("cannot encode the reject %s: %s", key, reason)
+                refused.update((index, reason) for index, _ in group)
+        cursor = collection.find({"_id": {"$in": list(docs)}}, {"rejected_at": 1})
+        stored = {doc["_id"]: doc.get("rejected_at") async for doc in cursor}
+        # No conditional upserts: FerretDB 1.24 answers a failed one without the counts pymongo
+        # reads. New rejects are inserted, older ones replaced, newer ones (another node's, or
+        # this node's before a replay) kept.
+        new = [key for key in docs if key not in stored]
+        more, duplicates = await self._bulk(
+            collection, [InsertOne(docs[key]) for key in new], [groups[key] for key in new]
+        )
+        refused.update(more)
+        older = [new[i] for i in duplicates] + [
+            key for key, at in stored.items() if not (at and at >= docs[key]["rejected_at"])
+        ]
+        ops = [
+            ReplaceOne({"_id": key, "rejected_at": {"$lt": docs[key]["rejected_at"]}}, docs[key])
+            for key in older
+        ]
+        more, _ = await self._bulk(collection, ops, [groups[key] for key in older])
+        refused.update(more)
+        return refused
 
     async def _bulk(
         self,
-        collection: AsyncCollection[dict[str, Any]],
+        collection: AsyncCollection[_Document],
         ops: Sequence[Any],
         groups: Sequence[_Group],
-    ) -> tuple[dict[int, Exception], list[int]]:
-        """Run ``ops`` unordered; return permanent failures by record index, and duplicate-key ops."""
-        failures: dict[int, Exception] = {}
+    ) -> tuple[dict[int, str], list[int]]:
+        """Run ``ops`` unordered; return refused records by index, and the duplicate-key ops."""
+        refused: dict[int, str] = {}
         duplicates: list[int] = []
-        for start in range(0, len(ops), _MAX_OPS_PER_COMMAND):
+        commands = [(start, ops[start : start + _MAX_OPS_PER_COMMAND])
+                    for start in range(0, len(ops), _MAX_OPS_PER_COMMAND)]  # fmt: skip
+        while commands:
+            start, command = commands.pop(0)
             try:
-                await collection.bulk_write(
-                    list(ops[start : start + _MAX_OPS_PER_COMMAND]), ordered=False
-                )
+                await collection.bulk_write(list(command), ordered=False)
+            except KeyError:
+                # FerretDB 1.24 answers an update with a write error without the counts pymongo
+                # reads (and stops at that op): send the ops one by one to find the one refused.
+                if len(command) > 1:
+                    commands[:0] = [(start + i, [op]) for i, op in enumerate(command)]
+                    continue
+                self._stats.inc_value("mongo/write_errors")
+                for index, _ in groups[start]:
+                    refused[index] = "WriteError: refused by the server, which gave no reason"
+                logger.error("MongoDB refused a write to %s and gave no reason", collection.name)
             except BulkWriteError as exc:
                 if exc.details.get("writeConcernErrors"):
                     raise  # not acknowledged as asked: the whole batch is retried
                 errors = exc.details.get("writeErrors", [])
                 for error in errors:
-                    if error.get("code") == _DUPLICATE_KEY:
+                    code, message = error.get("code"), str(error.get("errmsg", "write error"))
+                    if code == _DUPLICATE_KEY:
                         duplicates.append(start + error["index"])
                         continue
+                    failure = OperationFailure(message, code)
+                    if severity(failure) == "transient":
+                        raise failure from exc  # a failover mid-batch: the whole batch again
                     for index, _ in groups[start + error["index"]]:
-                        failures[index] = StoreWriteError(str(error.get("errmsg", "write error")))
+                        refused[index] = f"WriteError {code}: {message[:200]}"
                 if len(duplicates) < len(errors):
+                    self._stats.inc_value("mongo/write_errors", len(errors) - len(duplicates))
                     logger.error(
                         "MongoDB refused %d of %d writes to %s, first: %s",
                         len(errors) - len(duplicates), len(ops), collection.name,
                         next(e.get("errmsg") for e in errors if e.get("code") != _DUPLICATE_KEY),
                     )  # fmt: skip
-        if failures:
-            self._stats.inc_value("mongo/write_errors", len(failures))
-        return failures, duplicates
+        return refused, duplicates
 
 
-def _group(indexed: list[tuple[int, _Record]]) -> dict[str, list[tuple[int, _Record]]]:
-    groups: dict[str, list[tuple[int, _Record]]] = {}
-    for index, record in indexed:
-        groups.setdefault(record["id"], []).append((index, record))
-    return groups
+@dataclass
+class _Plan:
+    """What one batch does to one product: its records (oldest first) and their outcome."""
+
+    key: str
+    group: _Group
+    counts: Counter[str]
+    winner: _Record  # the record whose content is written, if any
+    writes_content: bool
+    insert: bool
+    first_ms: int
+    last_ms: int
+    stored_last_ms: int | None
+
+    def update(self) -> UpdateOne | None:
+        """The update of a stored product, or None when nothing moves."""
+        first, last = from_ms(self.first_ms), from_ms(self.last_ms)
+        if self.writes_content:
+            content = _content(self.winner)
+            # Only over content seen before this record: a newer write by another node stays.
+            match: dict[str, Any] = {"_id": self.key}
+            if self.insert or self.stored_last_ms is not None:
+                match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
+            return UpdateOne(
+                match,
+                {"$set": content, "$min": {"first_seen": first}, "$max": {"last_seen": last}},
+            )
+        if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
+            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": last}})
+        return None
 
 
-def _settle(chunk: Sequence[_Pending], failures: Mapping[int, Exception]) -> None:
+def _plan(key: str, group: _Group, stored: tuple[str | None, int | None] | None) -> _Plan:
+    """Apply a product's records in the order they were seen, against what is stored."""
+    ordered = sorted(group, key=lambda item: item[1]["seen"])
+    counts: Counter[str] = Counter()
+    current, last = stored if stored is not None else (None, None)
+    exists, winner, writes = stored is not None, ordered[-1][1], False
+    for _, record in ordered:
+        seen = to_ms(record["seen"])
+        if not exists:
+            counts["inserted"] += 1
+            exists, current, last, winner, writes = True, record["hash"], seen, record, True
+        elif record["hash"] == current:
+            counts["unchanged"] += 1
+            last = seen if last is None else max(last, seen)
+        elif last is not None and seen <= last:
+            counts["stale"] += 1  # older than the stored content: a late replay
+        else:
+            counts["updated"] += 1
+            current, last, winner, writes = record["hash"], seen, record, True
+    first = to_ms(ordered[0][1]["seen"])
+    assert last is not None
+    return _Plan(key, ordered, counts, winner, writes, stored is None, first, last,
+                 stored[1] if stored is not None else None)  # fmt: skip
+
+
+def _well_formed(record: object) -> bool:
+    """A journal record as ``save_*`` write them."""
+    if not isinstance(record, dict) or record.get("kind") not in ("product", "reject"):
+        return False
+    fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
+    if record["kind"] == "product":
+        fields |= {"hash": str, "crawl_id": str}
+    return all(isinstance(record.get(name), kind) for name, kind in fields.items())
+
+
+def _content(record: _Record) -> _Document:
+    return {**record["doc"], "content_hash": record["hash"], "crawl_id": record["crawl_id"]}
+
+
+def _product_document(record: _Record, first_ms: int, last_ms: int) -> _Document:
+    return {
+        "_id": record["id"],
+        **_content(record),
+        "first_seen": from_ms(first_ms),
+        "last_seen": from_ms(last_ms),
+    }
+
+
+def _as_reject(record: _Record, reason: str) -> _Record:
+    """The reject record of a product MongoDB cannot take: a bounded copy and the reason."""
+    doc: dict[str, Any] = record["doc"] if isinstance(record.get("doc"), dict) else {}
+    crawl_id = str(record.get("crawl_id", ""))
+    return {
+        "kind": "reject",
+        "id": f"{crawl_id}|{record.get('id')}",
+        "seen": record["seen"],
+        "doc": {
+            "url": bounded(doc.get("url")),
+            "canonical_url": bounded(record.get("id")),
+            "item": bounded(doc),
+            "reasons": {"document": [reason]},
+            "crawl_id": crawl_id,
+        },
+    }
+
+
+def _settle(chunk: Sequence[_Pending], failures: Mapping[int, BaseException]) -> None:
     for index, (_, future) in enumerate(chunk):
         if future.done():  # the waiting item was cancelled
             continue
@@ -461,12 +799,3 @@ def _settle(chunk: Sequence[_Pending], failures: Mapping[int, Exception]) -> Non
             future.set_exception(failures[index])
         else:
             future.set_result(None)
-
-
-def _time(seen: float) -> datetime:
-    return datetime.fromtimestamp(seen, tz=UTC)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).split(", Timeout:")[0]  # drop pymongo's topology description
-    return f"{type(exc).__name__}: {text[:200]}"

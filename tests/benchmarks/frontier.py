@@ -129,6 +129,7 @@ def storage_bytes(redis_url: str, base: str, n: int = 5000) -> dict[str, dict[st
                 site_of(r.url),
                 r.priority,
                 encode_request(r, spider, id=os.urandom(6).hex()),
+                "",
             )
             for r in requests
         ]

@@ -33,11 +33,20 @@ class ShopConfig:
     retry_after: int = 1
     robots_crawl_delay: float | None = None
     robots_disallow: tuple[str, ...] = field(default=())
+    #: Listing pages also link other schemes, local ports, invalid URLs and the hostile pages.
+    hostile: bool = False
+    #: Local ports the hostile links point at (the crawl's Redis, a canary, a closed port).
+    hostile_ports: tuple[int, ...] = field(default=())
+    #: Size of the hostile huge product page, streamed in chunks.
+    huge_bytes: int = 30_000_000
+    #: How long the hostile never-ending page stalls before the shop closes it.
+    stall_seconds: float = 60.0
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready copy, as shown in ``/_stats``."""
         data = asdict(self)
         data["robots_disallow"] = list(self.robots_disallow)
+        data["hostile_ports"] = list(self.hostile_ports)
         return data
 
 
@@ -59,6 +68,13 @@ def _duration(text: str) -> float:
     value = float(text)
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port")
     return value
 
 
@@ -104,6 +120,28 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="Disallow line (repeatable)",
     )
+    add(
+        "--hostile",
+        action="store_true",
+        help="listings also link file:, ftp:, data:, javascript:, local ports, invalid URLs"
+        " and the /hostile/ pages (huge, Retry-After abuse, 429 for ever, never-ending)",
+    )
+    add(
+        "--hostile-ports",
+        type=_port,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="PORT",
+        help="local ports the hostile listings link to (the crawl's Redis, a closed port)",
+    )
+    add("--huge-bytes", type=_count, default=30_000_000, help="size of /hostile/huge")
+    add(
+        "--stall-seconds",
+        type=_duration,
+        default=60.0,
+        help="how long /hostile/stall sends nothing before the shop closes it",
+    )
     return parser
 
 
@@ -119,4 +157,5 @@ def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
         )
     options = vars(args)
     options["robots_disallow"] = tuple(options["robots_disallow"])
+    options["hostile_ports"] = tuple(options["hostile_ports"])
     return ShopConfig(**options)

@@ -10,12 +10,21 @@ import zlib
 from html import escape
 from typing import TYPE_CHECKING
 
+from tests.site.catalogue import Product
+
 if TYPE_CHECKING:
-    from tests.site.catalogue import Catalogue, Category, Product
+    from collections.abc import Sequence
+
+    from tests.site.catalogue import Catalogue, Category
 
 __all__ = [
+    "HOSTILE_PAGES",
+    "LONG_URL_LENGTH",
     "PNG",
+    "STRAY_PATHS",
     "category_pages",
+    "hostile_hrefs",
+    "hostile_page_parts",
     "listing_href",
     "product_href",
     "render_error",
@@ -40,6 +49,48 @@ _PRODUCT_VARIANTS: tuple[str, ...] = (
     "/product/{id}#reviews",
     "/product/{id}?ref={slug}",
 )
+
+
+#: The shop's own pages of the hostile mode (``--hostile``), by name; listings link each as a
+#: product. None of them is a good product: a crawl that stores one has a hole.
+HOSTILE_PAGES: dict[str, str] = {
+    "huge": "/hostile/huge",  # a product page of --huge-bytes, streamed
+    "retry-after-huge": "/hostile/retry-after-huge",  # 503 with Retry-After: 99999999999
+    "retry-after-garbage": "/hostile/retry-after-garbage",  # 503 with Retry-After: soon
+    "throttled": "/hostile/throttled",  # 429 without Retry-After, for ever
+    "stall": "/hostile/stall",  # headers and a little body, then nothing for --stall-seconds
+    "long-url": "/hostile/long-url/",  # linked only under a LONG_URL_LENGTH-character URL
+}
+
+#: Paths of the shop that only a client which misread a hostile link would ask for:
+#: ``http:///nohost`` taken as a path on the page's own site, a port link sent to the shop.
+STRAY_PATHS: tuple[str, ...] = ("/nohost", "/FLUSHALL", "/dev/zero", "/x")
+
+#: Length of the over-long link; in the path, as the products spider drops query strings.
+LONG_URL_LENGTH = 5000
+
+
+def hostile_hrefs(ports: Sequence[int]) -> list[tuple[str, str]]:
+    """``(css class, href)`` of the links a hostile listing carries before its products."""
+    prefix = HOSTILE_PAGES["long-url"]
+    elsewhere = [
+        "file:///dev/zero",
+        "ftp://127.0.0.1/x",
+        "data:,hello",
+        "javascript:alert(1)",
+        *(f"http://127.0.0.1:{port}/FLUSHALL" for port in ports),
+        "http://[::1/product/1",
+        "http://shop:99999/",
+        "http:///nohost",
+        prefix + "x" * (LONG_URL_LENGTH - len(prefix)),
+    ]
+    # Both callbacks of the spider see the foreign links; the shop's own pages are products.
+    links = [
+        ("product-link" if index % 2 == 0 else "category-link", href)
+        for index, href in enumerate(elsewhere)
+    ]
+    links += [("product-link", path) for name, path in HOSTILE_PAGES.items() if name != "long-url"]
+    return links
 
 
 def _pick(*parts: object) -> int:
@@ -86,8 +137,15 @@ def render_root(catalogue: Catalogue) -> str:
     return _document("Home", f'<h1>Fleet Shop</h1>\n<ul class="categories">\n{items}</ul>')
 
 
-def render_listing(catalogue: Catalogue, category: Category, page: int, page_size: int) -> str:
-    """One listing page of a category, with related products and pagination."""
+def render_listing(
+    catalogue: Catalogue,
+    category: Category,
+    page: int,
+    page_size: int,
+    hostile: Sequence[tuple[str, str]] = (),
+) -> str:
+    """One listing page of a category, with related products, pagination, and *hostile* links
+    (``(css class, href)``) before everything else, so one bad link must cost only itself."""
     seed, slug = catalogue.seed, category.slug
     ids = category.product_ids[(page - 1) * page_size : page * page_size]
     cards = "".join(
@@ -109,8 +167,14 @@ def render_listing(catalogue: Catalogue, category: Category, page: int, page_siz
     index = catalogue.categories.index(category)
     neighbour = catalogue.categories[(index + 1) % len(catalogue.categories)]
     see_also = escape(listing_href(seed, neighbour.slug, "see-also"))
+    traps = "".join(
+        f'<li><a class="{css_class}" href="{escape(href)}">Offer {i}</a></li>\n'
+        for i, (css_class, href) in enumerate(hostile)
+    )
     body = (
-        f'<h1 class="category-name">{escape(category.name)}</h1>\n<ul class="products">\n{cards}</ul>\n'
+        f'<h1 class="category-name">{escape(category.name)}</h1>\n'
+        + (f'<ul class="hostile">\n{traps}</ul>\n' if hostile else "")
+        + f'<ul class="products">\n{cards}</ul>\n'
         f'<aside class="related"><h2>You may also like</h2>\n<ul>\n{related}</ul></aside>\n'
         f'<nav class="pagination">{" ".join(nav)}</nav>\n'
         f'<p class="see-also">See also <a class="category-link" href="{see_also}">{escape(neighbour.name)}</a></p>'
@@ -245,3 +309,26 @@ def render_robots(crawl_delay: float | None, disallow: list[str]) -> str:
 def render_error(status: int, message: str) -> str:
     """Small error page."""
     return _document(message, f'<h1 class="error">{status} {escape(message)}</h1>')
+
+
+def hostile_page_parts(name: str, base_url: str) -> tuple[bytes, bytes]:
+    """A hostile page (``huge``, ``stall``) as the HTML before and after where the shop pads
+    or stalls it; the product comes after, so only a page downloaded whole would show it."""
+    path = HOSTILE_PAGES[name]
+    product = Product(
+        id=0,
+        name=f"Hostile {name} page",
+        price="1.00",
+        currency="EUR",
+        sku=f"HOSTILE-{name.upper()}",
+        availability="in stock",
+        description="A crawl must never store this product.",
+        breadcrumb=("Home", "Hostile"),
+        images=(),
+        categories=("hostile",),
+        page_price="1.00",
+    )
+    head = f'<link rel="canonical" href="{escape(base_url)}{path}">\n'
+    html = _document(product.name, f'<div id="app">\n{_product_markup(product)}</div>', head)
+    split = html.index("<body>\n") + len("<body>\n")
+    return html[:split].encode(), html[split:].encode()

@@ -19,9 +19,14 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from tests.site.catalogue import KINDS, generate_catalogue
+from tests.site.hostile import HugeBody, stall
 from tests.site.pages import (
+    HOSTILE_PAGES,
     PNG,
+    STRAY_PATHS,
     category_pages,
+    hostile_hrefs,
+    hostile_page_parts,
     render_error,
     render_listing,
     render_product,
@@ -47,6 +52,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 _PRODUCT_PATH = re.compile(r"/product/(\d+)")
 _CATEGORY_PATH = re.compile(r"/category/([a-z0-9-]+)")
 _IMAGE_PATH = re.compile(r"/img/(\d+)-(\d+)\.jpg")
+_HOSTILE_NAMES = {path: name for name, path in HOSTILE_PAGES.items()}
 _HTML = b"text/html; charset=utf-8"
 _JSON = b"application/json"
 
@@ -78,6 +84,7 @@ class ShopResource(Resource):
         self._catalogue_json = json.dumps(_catalogue_payload(catalogue, config.page_size)).encode()
         self._expected = {kind: catalogue.ids_of_kind(kind) for kind in KINDS}
         self._expected["slow"] = [p.id for p in catalogue.products if p.slow]
+        self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
 
     def render(self, request: Request) -> bytes | int:
         """Answer one request, after the configured latency."""
@@ -85,6 +92,7 @@ class ShopResource(Resource):
         if path == "/_stats":
             payload = {"products": len(self._catalogue.products), **self._stats.as_dict()}
             payload.update(config=self._config.as_dict(), expected=self._expected)
+            payload["hostile_links"] = [href for _, href in self._hostile_links]
             return self._json(request, payload)
         if path == "/_reset":
             self._stats.reset()
@@ -96,6 +104,9 @@ class ShopResource(Resource):
         match = _PRODUCT_PATH.fullmatch(path)
         product_id = int(match.group(1)) if match else None
         self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
+        hostile = self._hostile_name(path)
+        if hostile is not None:
+            return self._hostile(request, hostile)
         reply = (
             self._product(request, product_id)
             if product_id is not None
@@ -118,12 +129,50 @@ class ShopResource(Resource):
                 and page is not None
                 and 1 <= page <= category_pages(category, size)
             ):
-                return _Reply(200, render_listing(self._catalogue, category, page, size).encode())
+                html = render_listing(self._catalogue, category, page, size, self._hostile_links)
+                return _Reply(200, html.encode())
         elif match := _IMAGE_PATH.fullmatch(path):
             product = self._catalogue.product(int(match.group(1)))
             if product is not None and 1 <= int(match.group(2)) <= len(product.images):
                 return _Reply(200, PNG, b"image/png")
         return _Reply(404, render_error(404, "Not Found").encode())
+
+    def _hostile_name(self, path: str) -> str | None:
+        if not self._config.hostile:
+            return None
+        if path in STRAY_PATHS:
+            return "stray:" + path
+        if not path.startswith("/hostile/"):
+            return None
+        long_url = HOSTILE_PAGES["long-url"]
+        return "long-url" if path.startswith(long_url) else _HOSTILE_NAMES.get(path)
+
+    def _hostile(self, request: Request, name: str) -> bytes | int:
+        """The pages of ``--hostile``: each answers the way its name says, for ever; a stray
+        path (a hostile link misread) is a 404, counted under ``stray:<path>``."""
+        self._stats.hostile[name] += 1
+        if name in ("retry-after-huge", "retry-after-garbage"):
+            value = b"99999999999" if name == "retry-after-huge" else b"soon"
+            reply = _Reply(503, render_error(503, "Service Unavailable").encode())
+            reply.headers[b"retry-after"] = value
+        elif name == "throttled":
+            reply = _Reply(429, render_error(429, "Too Many Requests").encode())
+        elif name.startswith("stray:"):
+            reply = _Reply(404, render_error(404, "Not Found").encode())
+        else:
+            head, tail = hostile_page_parts(name, _base_url(request))
+            self._stats.record_status(200)
+            request.setHeader(b"content-type", _HTML)
+            if name == "huge":
+                # No Content-Length: the client only learns the size by reading it.
+                HugeBody(request, head, tail, self._config.huge_bytes, self._stats).start()
+                return NOT_DONE_YET
+            if name == "stall":
+                stall(request, head, tail, self._config.stall_seconds, self._clock, self._stats)
+                return NOT_DONE_YET
+            return head + tail  # long-url: a whole page, if a client ever asks for it
+        self._stats.record_status(reply.status)
+        return self._respond(request, reply)
 
     def _product(self, request: Request, product_id: int) -> _Reply:
         product = self._catalogue.product(product_id)
@@ -257,7 +306,8 @@ class ShopServer:
     """Runs ``python -m tests.site`` on a free port for the duration of a ``with`` block.
 
     Keyword options become command-line flags: ``js_share=0.1`` is ``--js-share 0.1``, a list is
-    repeated (``robots_disallow=["/a", "/b"]``), ``None`` is left out.
+    repeated (``robots_disallow=["/a", "/b"]``), ``True`` is the bare flag (``hostile=True``),
+    ``None`` and ``False`` are left out.
     """
 
     def __init__(
@@ -386,6 +436,9 @@ def _flags(options: dict[str, object]) -> list[str]:
     flags: list[str] = []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags += [flag] if value else []
+            continue
         values = value if isinstance(value, list | tuple) else [value]
         for item in values:
             if item is not None:

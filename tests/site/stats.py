@@ -20,6 +20,12 @@ class ShopStats:
     product_requests: int
     #: Requests per flaky product that got past the 429 burst.
     flaky_fetches: Counter[int]
+    #: Requests per hostile page (``--hostile``), by name (``huge``, ``stall``, ...).
+    hostile: Counter[str]
+    #: Body bytes each hostile page sent, by name: the huge page stops when its client goes.
+    hostile_sent: Counter[str]
+    #: Hostile pages answered to their end: a huge page sent whole, a stall that ran its course.
+    hostile_completed: Counter[str]
 
     def __init__(self) -> None:
         self.reset()
@@ -33,6 +39,9 @@ class ShopStats:
         self.total = 0
         self.product_requests = 0
         self.flaky_fetches = Counter()
+        self.hostile = Counter()
+        self.hostile_sent = Counter()
+        self.hostile_completed = Counter()
 
     def record_request(self, path_with_query: str, product_id: int | None) -> None:
         """Count one request as it arrives."""
@@ -55,4 +64,7 @@ class ShopStats:
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             "per_second": {str(k): v for k, v in sorted(self.per_second.items())},
             "total": self.total,
+            "hostile": dict(self.hostile),
+            "hostile_sent": dict(self.hostile_sent),
+            "hostile_completed": dict(self.hostile_completed),
         }

@@ -39,9 +39,9 @@ class LuaScript:
     source: str
     keys: tuple[str, ...]
 
-    def keys_from(self, builder: Any) -> list[str]:
-        """The KEYS argument: the attribute of *builder* named after each key."""
-        return [getattr(builder, name) for name in self.keys]
+    def keys_from(self, builder: Any, **given: str) -> list[str]:
+        """The KEYS argument: each key from *given*, else the attribute of *builder* so named."""
+        return [given[name] if name in given else getattr(builder, name) for name in self.keys]
 
 
 def _resource(folder: Traversable, relative: str) -> Traversable:

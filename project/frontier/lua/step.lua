@@ -22,12 +22,16 @@
     KEYS[14] lat_sum     site -> latency seconds since the last adaptation
     KEYS[15] lat_n       site -> latency samples since the last adaptation
     KEYS[16] queued      requests queued over all sites
+    KEYS[17] deliveries  sha1 of an in-flight member's body -> times its lease expired
+    KEYS[18] allowed     sites requests found on pages may go to (seeds' sites, redirects)
+    KEYS[19] recent      site -> when it was last leased (ms, Redis clock)
 
     ARGV[1]  options, one JSON object:
                node       this node's id (no newline)
                lease_ms   how long a lease lasts without a heartbeat
                want       requests to lease; seed_want: seeds to take
                maintain   true: run phase 6 and return the counts
+               max_deliveries  an entry whose lease expired this often is a dead letter
                limits     {rate, concurrency, burst_seconds, adaptive,
                            target_concurrency, min_rate, start_rate}: the defaults for
                            every site without an entry in `limits`
@@ -37,7 +41,8 @@
 
   Output: {added, duplicates, leased {site, payload, score, ...}, seeds {raw, ...},
            reaped, promoted, counts {queued, delayed, inflight, seeds} or {} when not maintain,
-           milliseconds until the next throttled site may go, or false}
+           milliseconds until the next throttled site may go, or false,
+           poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -59,9 +64,9 @@ local now = now_ms()
 local deadline = now + opt.lease_ms
 local at = 2 -- ARGV[1] is the options; the sections start after it
 
-local added, dupes = enqueue(at, n.enqueue)
+local added, dupes, offsite = enqueue(at, n.enqueue)
 at = at + n.enqueue * ENQUEUE_WIDTH
-settle(at, n.ack, n.retry, n.dead, now)
+local stale = settle(at, n.ack, n.retry, n.dead, now)
 at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
 heartbeat(at, n.heartbeat, deadline)
 at = at + n.heartbeat * HEARTBEAT_WIDTH
@@ -69,8 +74,8 @@ pause(at, n.pause, now, limits)
 at = at + n.pause * PAUSE_WIDTH
 latency(at, n.latency)
 
-local reaped, promoted = 0, 0
-if opt.maintain then reaped, promoted = maintain(now, limits) end
+local reaped, promoted, poisoned = 0, 0, {}
+if opt.maintain then reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries) end
 local first, woke = wake(now)
 local leased, parked = lease(opt.want, now, deadline, opt.node, limits)
 local seeds = take_seeds(opt.seed_want, deadline, opt.node)
@@ -87,4 +92,4 @@ if n.pause > 0 or woke or parked then
 end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
-return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms}
+return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite}

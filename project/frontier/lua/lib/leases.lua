@@ -18,15 +18,15 @@ local function release_active(members)
         end
     end
     for site, n in pairs(per_site) do
-        if redis.call('HINCRBY', K.active, site, -n) < 0 then
-            redis.call('HSET', K.active, site, 0)
+        -- 0 leases is no entry: the hash holds only the sites with leases out
+        if redis.call('HINCRBY', K.active, site, -n) <= 0 then
+            redis.call('HDEL', K.active, site)
         end
     end
 end
 
--- Expired or released in-flight members go back where they came from; returns how many.
-local function requeue(members)
-    release_active(members)
+-- Members go back where they came from, as they are (their active counts already released).
+local function put_back(members)
     local requests, seeds = {}, {}
     for _, m in ipairs(members) do
         local nl = string.find(m, '\n', 1, true)
@@ -41,4 +41,10 @@ local function requeue(members)
     push_payloads(requests)
     if #seeds > 0 then chunked('RPUSH', K.start_urls, seeds) end
     return #requests + #seeds
+end
+
+-- Expired or released in-flight members go back where they came from; returns how many.
+local function requeue(members)
+    release_active(members)
+    return put_back(members)
 end

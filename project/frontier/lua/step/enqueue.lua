@@ -1,30 +1,73 @@
 --[[
   Phase 1, enqueue: requests the node's callbacks produced, checked against the
-  seen-set and pushed to their sites' queues. One SMISMEMBER and one SADD for
-  the whole batch, one ZADD per site.
+  sites the crawl may visit and against the seen-set, and pushed to their sites'
+  queues. One SMISMEMBER on each set for the whole batch, one ZADD per site.
 
-  Keys: dupefilter, seq, queue, throttled, queued, and the site queues.
+  Keys: dupefilter, allowed, seq, queue, throttled, queued, and the site queues.
   ARGV section, ENQUEUE_WIDTH values per request:
     mode .. fingerprint  'f' + fingerprint: dropped if seen; 'm' + fingerprint
                          (dont_filter): queued anyway, and marked as seen
     site                 the politeness unit the request counts against
     priority             Scrapy's request priority (clamped to +-PRIORITY_LIMIT)
     payload              the request as JSON (project/frontier/wire.py)
-  Returns: added, duplicates
+    scope                where the request may go:
+                           ''        anywhere (the spider's allowed_domains decide)
+                           '+'       a seed: its site joins the allowed sites
+                           '='       only if its site is allowed
+                           '~' site  a redirect within one domain: only if the site it
+                                     came from is allowed; then its own site joins
+  Returns: added, duplicates, offsite (dropped for their scope)
 ]]
-local ENQUEUE_WIDTH = 4
+local ENQUEUE_WIDTH = 5
+
+local function in_scope(count, at)
+    -- one SMISMEMBER for every site the batch asks about; seeds in the batch count too
+    local asked, index, allowed = {}, {}, {}
+    for e = 0, count - 1 do
+        local i = at + e * ENQUEUE_WIDTH
+        local scope = ARGV[i + 4]
+        local kind = string.sub(scope, 1, 1)
+        local site = nil
+        if kind == '=' then site = ARGV[i + 1] elseif kind == '~' then site = string.sub(scope, 2) end
+        if kind == '+' then allowed[ARGV[i + 1]] = true end
+        if site and not index[site] then
+            asked[#asked + 1] = site
+            index[site] = #asked
+        end
+    end
+    if #asked > 0 then
+        local flags = chunked_list('SMISMEMBER', K.allowed, asked)
+        for site, j in pairs(index) do allowed[site] = allowed[site] or flags[j] == 1 end
+    end
+    local keep, joining = {}, {}
+    for e = 0, count - 1 do
+        local i = at + e * ENQUEUE_WIDTH
+        local scope = ARGV[i + 4]
+        local kind = string.sub(scope, 1, 1)
+        local ok = true
+        if kind == '=' then ok = allowed[ARGV[i + 1]] elseif kind == '~' then ok = allowed[string.sub(scope, 2)] end
+        if ok then
+            keep[#keep + 1] = e
+            if kind == '+' or kind == '~' then joining[#joining + 1] = ARGV[i + 1] end
+        end
+    end
+    if #joining > 0 then chunked('SADD', K.allowed, joining) end
+    return keep
+end
 
 local function enqueue(at, count)
-    if count == 0 then return 0, 0 end
+    if count == 0 then return 0, 0, 0 end
+    local keep = in_scope(count, at)
     local fps = {}
-    for e = 0, count - 1 do fps[#fps + 1] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
+    for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
     local flags = chunked_list('SMISMEMBER', K.dupefilter, fps)
     local in_batch, fresh, new_fps = {}, {}, {}
     local dupes = 0
-    for e = 0, count - 1 do
-        local fp = fps[e + 1]
-        local filter = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 1, 1) == 'f'
-        local seen = flags[e + 1] == 1 or in_batch[fp]
+    for j, e in ipairs(keep) do
+        local i = at + e * ENQUEUE_WIDTH
+        local fp = fps[j]
+        local filter = string.sub(ARGV[i], 1, 1) == 'f'
+        local seen = flags[j] == 1 or in_batch[fp]
         if filter and seen then
             dupes = dupes + 1
         else
@@ -32,11 +75,10 @@ local function enqueue(at, count)
                 in_batch[fp] = true
                 new_fps[#new_fps + 1] = fp
             end
-            local i = at + e * ENQUEUE_WIDTH
             fresh[#fresh + 1] = {ARGV[i + 1], clamp_priority(tonumber(ARGV[i + 2]) or 0), ARGV[i + 3]}
         end
     end
     if #new_fps > 0 then chunked('SADD', K.dupefilter, new_fps) end
     if #fresh > 0 then push_grouped(group_by_site(fresh)) end
-    return #fresh, dupes
+    return #fresh, dupes, count - #keep
 end

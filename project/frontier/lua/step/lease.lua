@@ -4,7 +4,7 @@
   that must wait leaves the ready index for K.throttled, scored by when it may
   go again, so later leases skip it without looking at it.
 
-  Keys: queue, throttled, inflight, limits, rates, buckets, active, leases, queued,
+  Keys: queue, throttled, inflight, limits, rates, buckets, active, leases, recent, queued,
         and the site queues.
   ARGV section: none.
   Options used: node, want, limits (rate, concurrency, burst_seconds, adaptive, start_rate)
@@ -73,6 +73,7 @@ local function lease(want, now, deadline, node, limits)
             chunked('ZADD', K.inflight, args, 2)
             redis.call('HINCRBY', K.active, site, n)
             redis.call('HINCRBY', K.leases, site, n)
+            redis.call('ZADD', K.recent, now, site)
             redis.call('DECRBY', K.queued, n)
             want = want - n
             active = active + n
