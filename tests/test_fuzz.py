@@ -70,13 +70,15 @@ def fuzz(examples: int, deadline_ms: int = 2000, **options: Any) -> settings:
 
 
 SPIDER = ProductsSpider()
-#: The spider's public bound methods: what a request's callback or errback may be.
+#: What a request's callback or errback may be: the public methods the spider's own
+#: code defines, and parse (Scrapy's Spider.log, close, start ... are machinery).
 CALLBACKS = sorted(
-    name
-    for name in dir(type(SPIDER))
-    if not name.startswith("_")
-    and inspect.isfunction(getattr(type(SPIDER), name, None))
-    and getattr(getattr(SPIDER, name), "__self__", None) is SPIDER
+    {"parse"}
+    | {
+        name
+        for name, value in vars(ProductsSpider).items()
+        if not name.startswith("_") and inspect.isfunction(value)
+    }
 )
 _UNSAFE_META = [
     "playwright_page_init_callback",
@@ -519,12 +521,15 @@ def _headers(request: Request) -> dict[bytes, list[bytes]]:
 @given(requests)
 # found: header bytes go out as latin-1 text and come back encoded as UTF-8
 @example(Request("http://shop.test/", headers={"A": ["\x80"]}))
+@example(Request("http://\u1d2c/"))  # Scrapy normalises this host twice (see below)
 def test_a_request_comes_back_from_the_wire_as_it_went(request: Request) -> None:
     payload = encode_request(request, SPIDER, id="abc")
     copy, doc = decode_request(payload, SPIDER)
     assert doc["id"] == "abc"
     assert type(copy) is type(request)
-    assert copy.url == request.url
+    # Scrapy's URL normalisation is not idempotent for some hosts (http://\u1d2c/ becomes
+    # http://A/, then http://a/): the wire keeps the URL, Scrapy normalises it once more
+    assert copy.url == Request(request.url).url
     assert copy.method == request.method
     assert _headers(copy) == _headers(request)
     assert copy.body == request.body

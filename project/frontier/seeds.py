@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from project.frontier.sites import MAX_URL_LENGTH
-from project.frontier.wire import NODE_LOCAL_META, UnserializableRequestError, check_meta
+from project.frontier.wire import NODE_LOCAL_META, UnserializableRequestError, check_meta, loads
 
 __all__ = ["MAX_PRIORITY", "InvalidSeed", "Seed", "parse_seed", "preview"]
 
@@ -63,12 +63,14 @@ def _check_url(url: Any) -> str:
 
 def _from_json(text: str) -> Seed:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidSeed("json", f"invalid JSON: {exc.msg} at char {exc.pos}") from exc
-    except (ValueError, RecursionError) as exc:
-        # a number of thousands of digits, or objects nested thousands deep
-        raise InvalidSeed("json", f"JSON too large or too deep: {str(exc)[:100]}") from exc
+        # as the node reads payloads: page methods in meta are rebuilt, and checked, here
+        doc = loads(text)
+    except UnserializableRequestError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, json.JSONDecodeError):
+            raise InvalidSeed("json", f"invalid JSON: {cause.msg} at char {cause.pos}") from exc
+        # a number of thousands of digits, objects nested thousands deep, a bad page method
+        raise InvalidSeed("json", str(exc)) from exc
     if not isinstance(doc, dict):
         raise InvalidSeed("json", "a JSON seed must be an object")
     unknown = sorted(set(doc) - _FIELDS)

@@ -10,6 +10,7 @@ naming the field.
 from __future__ import annotations
 
 import base64
+import binascii
 import inspect
 import json
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ __all__ = [
     "check_meta",
     "decode_request",
     "encode_request",
+    "loads",
     "register_meta_filter",
 ]
 
@@ -108,18 +110,41 @@ def allow_request_class(cls: type[Request]) -> None:
     _ALLOWED_CLASSES[cls.__module__ + "." + cls.__name__] = cls
 
 
+# Modules of the spider base classes (Scrapy's, scrapy-redis', the fleet's): their
+# methods are machinery (close, _set_crawler, start, ...), not callbacks, except
+# these: parse, and the two CrawlSpider sends its rules' requests to.
+_FRAMEWORK_MODULES = ("scrapy.", "scrapy_redis.", "project.")
+_FRAMEWORK_CALLBACKS = frozenset({"parse", "_callback", "_errback"})
+
+
+def _is_callback(spider: Spider, name: str) -> bool:
+    """Whether a payload may name *name* as a callback or errback of *spider*.
+
+    A plain function defined on the spider's class (not a staticmethod, class or
+    attribute), not a dunder; a method of the spider's own code unless private,
+    and of the framework's base classes only the callbacks they are made to be.
+    """
+    if not name.isidentifier() or name.startswith("__"):
+        return False
+    for owner in type(spider).__mro__:
+        if name in vars(owner):
+            if not inspect.isfunction(vars(owner)[name]):
+                return False
+            if owner.__module__.startswith(_FRAMEWORK_MODULES):
+                return name in _FRAMEWORK_CALLBACKS
+            return not name.startswith("_")
+    return False
+
+
 def _method_name(spider: Spider, func: Any, field: str, request: Request) -> str | None:
     if func is None or isinstance(func, str):
         return func
     name = getattr(func, "__name__", "")
-    if (
-        getattr(func, "__self__", None) is spider
-        and not name.startswith("__")
-        and inspect.isfunction(getattr(type(spider), name, None))
-    ):
+    if getattr(func, "__self__", None) is spider and _is_callback(spider, name):
         return str(name)
     raise UnserializableRequestError(
-        f"{request!r}: {field} {func!r} is not a method of spider {spider.name!r}"
+        f"{request!r}: {field} {func!r} is not a public method of spider {spider.name!r}"
+        " (a callback travels by name; helpers and Scrapy's own methods cannot be named)"
     )
 
 
@@ -161,8 +186,25 @@ def _object_hook(obj: dict[str, Any]) -> Any:
             tag = key[2:-2]
             for codec_tag, _, from_json in _CODECS.values():
                 if codec_tag == tag:
-                    return from_json(obj[key])
+                    try:
+                        return from_json(obj[key])
+                    except (TypeError, ValueError) as exc:
+                        raise UnserializableRequestError(f"{key}: {exc}") from exc
     return obj
+
+
+def loads(payload: bytes | str) -> Any:
+    """JSON of a payload or a seed, registered values (page methods) rebuilt.
+
+    Raises UnserializableRequestError for anything that is not such JSON: invalid
+    text, a tagged value its codec refuses, a number or nesting too large to read.
+    """
+    try:
+        return json.loads(payload, object_hook=_object_hook)
+    except UnserializableRequestError:
+        raise
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+        raise UnserializableRequestError(f"not a JSON payload: {str(exc)[:100]}") from exc
 
 
 def _headers_to_json(headers: Iterable[tuple[bytes, list[bytes]]]) -> dict[str, list[str]]:
@@ -233,12 +275,43 @@ def _callback(spider: Spider, name: Any, field: str) -> Any:
     """The spider method a payload names; anything else is refused."""
     if name is None:
         return None
-    if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
-        raise UnserializableRequestError(f"{field} {str(name)[:80]!r} is not a spider method name")
-    # Defined on the spider's class as a function: not an attribute, a class or a dunder.
-    if not inspect.isfunction(getattr(type(spider), name, None)):
-        raise UnserializableRequestError(f"{field} {name!r} is not a method of the spider")
+    if not isinstance(name, str) or not _is_callback(spider, name):
+        raise UnserializableRequestError(
+            f"{field} {str(name)[:80]!r} is not a public method of the spider"
+        )
     return getattr(spider, name)
+
+
+def _headers(value: Any) -> dict[str, list[bytes]] | None:
+    """Headers as :func:`_headers_to_json` wrote them: text back to the bytes it was."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise UnserializableRequestError("headers must be an object")
+    headers: dict[str, list[bytes]] = {}
+    for key, values in value.items():
+        items = [values] if isinstance(values, str) else values
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise UnserializableRequestError(f"header {key[:40]!r} must be text or a list of text")
+        # latin-1 as written; text a person wrote may hold more, and goes out as UTF-8
+        headers[key] = [_latin1_or_utf8(item) for item in items]
+    return headers
+
+
+def _latin1_or_utf8(text: str) -> bytes:
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
+def _encoding(data: dict[str, Any]) -> str:
+    encoding = _typed(data, "encoding", str, "utf-8")
+    try:
+        "x".encode(encoding)  # a text encoding Python has (not rot13, not base64)
+    except (LookupError, ValueError) as exc:
+        raise UnserializableRequestError(f"encoding {encoding[:40]!r}: {exc}") from exc
+    return str(encoding)
 
 
 def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -258,34 +331,41 @@ def decode_request(payload: bytes | str, spider: Spider) -> tuple[Request, dict[
     method of the spider. Returns the request and the whole decoded document (for
     bookkeeping fields); raises UnserializableRequestError for a payload that does not fit.
     """
-    data = json.loads(payload, object_hook=_object_hook)
+    data = loads(payload)
     if not isinstance(data, dict) or not isinstance(data.get("url"), str):
         raise UnserializableRequestError("a payload is a JSON object with a url")
-    cls = _ALLOWED_CLASSES.get(data.get("class", ""), Request)
-    if "class" in data and data["class"] not in _ALLOWED_CLASSES:
-        raise UnserializableRequestError(
-            f"request class {str(data['class'])[:80]!r} is not allowed"
-        )
+    class_path = data.get("class", "scrapy.http.request.Request")
+    if not isinstance(class_path, str) or class_path not in _ALLOWED_CLASSES:
+        raise UnserializableRequestError(f"request class {str(class_path)[:80]!r} is not allowed")
+    cls = _ALLOWED_CLASSES[class_path]
     meta = _typed(data, "meta", dict, None)
     if meta is not None:
         meta = check_meta(meta, data["url"])
         meta = {k: v for k, v in meta.items() if k not in NODE_LOCAL_META}
     body: bytes | str = _typed(data, "body", str, b"")
     if "body_b64" in data:
-        body = base64.b64decode(_typed(data, "body_b64", str, ""), validate=True)
-    request = cls(
-        url=data["url"],
-        callback=_callback(spider, data.get("callback"), "callback"),
-        errback=_callback(spider, data.get("errback"), "errback"),
-        method=_typed(data, "method", str, "GET"),
-        headers=_typed(data, "headers", dict, None),
-        body=body,
-        cookies=_typed(data, "cookies", (dict, list), None),
-        meta=meta,
-        encoding=_typed(data, "encoding", str, "utf-8"),
-        priority=_typed(data, "priority", int, 0),
-        dont_filter=_typed(data, "dont_filter", bool, False),
-        flags=_typed(data, "flags", list, None),
-        cb_kwargs=_typed(data, "cb_kwargs", dict, None),
-    )
+        try:
+            body = base64.b64decode(_typed(data, "body_b64", str, ""), validate=True)
+        except binascii.Error as exc:
+            raise UnserializableRequestError(f"body_b64: {exc}") from exc
+    try:
+        request = cls(
+            url=data["url"],
+            callback=_callback(spider, data.get("callback"), "callback"),
+            errback=_callback(spider, data.get("errback"), "errback"),
+            method=_typed(data, "method", str, "GET"),
+            headers=_headers(data.get("headers")),
+            body=body,
+            cookies=_typed(data, "cookies", (dict, list), None),
+            meta=meta,
+            encoding=_encoding(data),
+            priority=_typed(data, "priority", int, 0),
+            dont_filter=_typed(data, "dont_filter", bool, False),
+            flags=_typed(data, "flags", list, None),
+            cb_kwargs=_typed(data, "cb_kwargs", dict, None),
+        )
+    except UnserializableRequestError:
+        raise
+    except (TypeError, ValueError, LookupError) as exc:  # what Request itself refuses
+        raise UnserializableRequestError(f"not a request: {str(exc)[:200]}") from exc
     return request, data

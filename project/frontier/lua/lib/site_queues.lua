@@ -20,6 +20,7 @@ local function site_key(site)
 end
 
 local function clamp_priority(priority)
+    if priority ~= priority then return 0 end -- NaN (cjson reads it): no score at all
     if priority > PRIORITY_LIMIT then return PRIORITY_LIMIT end
     if priority < -PRIORITY_LIMIT then return -PRIORITY_LIMIT end
     return priority
