@@ -294,7 +294,7 @@ def test_unsafe_page_method_written_to_redis_is_not_decoded(spider) -> None:
         }
     )
     # The scheduler dead-letters entries that raise this (frontier/undecodable).
-    with pytest.raises(TypeError, match="not allowed"):
+    with pytest.raises(UnserializableRequestError, match="not allowed"):
         decode_request(payload, spider)
 
 

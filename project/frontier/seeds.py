@@ -8,7 +8,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from project.frontier.sites import MAX_URL_LENGTH
-from project.frontier.wire import NODE_LOCAL_META, UnserializableRequestError, check_meta, loads
+from project.frontier.wire import (
+    NODE_LOCAL_META,
+    RefusedValueError,
+    UnserializableRequestError,
+    check_meta,
+    loads,
+)
 
 __all__ = ["MAX_PRIORITY", "InvalidSeed", "Seed", "parse_seed", "preview"]
 
@@ -65,6 +71,8 @@ def _from_json(text: str) -> Seed:
     try:
         # as the node reads payloads: page methods in meta are rebuilt, and checked, here
         doc = loads(text)
+    except RefusedValueError as exc:  # a page method the rendering wire refuses
+        raise InvalidSeed("meta", str(exc)) from exc
     except UnserializableRequestError as exc:
         cause = exc.__cause__
         if isinstance(cause, json.JSONDecodeError):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NODE_LOCAL_META",
+    "RefusedValueError",
     "UnserializableRequestError",
     "check_meta",
     "decode_request",
@@ -96,6 +97,10 @@ def check_meta(meta: dict[str, Any], url: str) -> dict[str, Any]:
 
 class UnserializableRequestError(ValueError):
     """A request cannot be written to the shared frontier."""
+
+
+class RefusedValueError(UnserializableRequestError):
+    """A tagged value (a page method) in a payload or seed that its codec refuses."""
 
 
 def register_codec(
@@ -189,7 +194,7 @@ def _object_hook(obj: dict[str, Any]) -> Any:
                     try:
                         return from_json(obj[key])
                     except (TypeError, ValueError) as exc:
-                        raise UnserializableRequestError(f"{key}: {exc}") from exc
+                        raise RefusedValueError(f"{key}: {exc}") from exc
     return obj
 
 
