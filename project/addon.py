@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import NotConfigured
 from scrapy.extensions.remote_control import RemoteControl
 
@@ -22,7 +23,11 @@ from project.config import FleetConfigError, exported_defaults
 from project.frontier.config import FrontierConfig, RetryConfig
 from project.frontier.keys import FrontierKeys
 from project.frontier.retry import FrontierRetryMiddleware
-from project.frontier.robots import RobotsCacheMiddleware, RobotsConfig
+from project.frontier.robots import (
+    ExpiringRobotsTxtMiddleware,
+    RobotsCacheMiddleware,
+    RobotsConfig,
+)
 from project.monitoring.node import MonitorConfig, NodeMonitor
 from project.monitoring.statsfile import StatsFile, StatsFileConfig
 from project.rendering.browser import use_system_chromium
@@ -63,7 +68,10 @@ _DOWNLOADER_MIDDLEWARES = {
     # Retries go back through Redis with a not-before time instead.
     RetryMiddleware: None,
     FrontierRetryMiddleware: 550,
-    # Right after Scrapy's RobotsTxtMiddleware (100), which downloads robots.txt through it.
+    # Scrapy's RobotsTxtMiddleware (100), its parsers expiring; it downloads robots.txt
+    # through the fleet's cache right after it.
+    RobotsTxtMiddleware: None,
+    ExpiringRobotsTxtMiddleware: 100,
     RobotsCacheMiddleware: 101,
     RenderingMiddleware: 560,
 }

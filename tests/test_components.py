@@ -15,10 +15,12 @@ from urllib.parse import urlsplit
 import pytest
 from protego import Protego
 from scrapy import Request, Spider
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 from scrapy.robotstxt import ProtegoRobotParser
 from scrapy.settings import Settings
+from scrapy.utils.conf import build_component_list
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
@@ -28,7 +30,12 @@ from project.frontier.config import FrontierConfig, RetryConfig, SiteLimits
 from project.frontier.keys import FrontierKeys, KeyTemplates
 from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY
 from project.frontier.retry import FrontierRetryMiddleware
-from project.frontier.robots import CACHED_FLAG, RobotsCacheMiddleware, RobotsConfig
+from project.frontier.robots import (
+    CACHED_FLAG,
+    ExpiringRobotsTxtMiddleware,
+    RobotsCacheMiddleware,
+    RobotsConfig,
+)
 from project.frontier.scheduler import FleetScheduler
 from project.monitoring.node import MonitorConfig
 from project.monitoring.statsfile import StatsFileConfig
@@ -268,6 +275,47 @@ def test_a_redirected_robots_txt_is_cached_for_the_site_that_asked(
         == "User-agent: *\nDisallow: /x\n"
     )
     assert not redis_client.exists(keys.robots_lock("shop.test")), "the lock was released"
+
+
+def test_a_nodes_parsed_robots_txt_expires_row_15(redis_url: str, keyspace: KeySpace) -> None:
+    """Scrapy's own parser cache lives as long as the process; the fleet's expires."""
+    crawler = _crawler(redis_url, keyspace, ROBOTSTXT_CACHE_SECONDS=0.3)
+    crawler.stats.open_spider()
+    bodies = iter([b"User-agent: *\nDisallow: /a\n", b"User-agent: *\nDisallow: /b\n"])
+    fetched: list[str] = []
+
+    class _Engine:  # all robot_parser asks of the engine: download the site's robots.txt
+        async def download_async(self, request: Request) -> Response:
+            fetched.append(request.url)
+            return Response(request.url, body=next(bodies), request=request)
+
+    crawler.engine = _Engine()
+    middleware = build_from_crawler(ExpiringRobotsTxtMiddleware, crawler)
+
+    async def main() -> None:
+        with pytest.raises(IgnoreRequest):
+            await middleware.process_request(Request("http://shop.test/a"))
+        await middleware.process_request(Request("http://shop.test/b"))  # the same copy
+        await asyncio.sleep(0.4)
+        await middleware.process_request(Request("http://shop.test/a"))  # the new copy
+        with pytest.raises(IgnoreRequest):
+            await middleware.process_request(Request("http://shop.test/b"))
+
+    asyncio.run(main())
+    assert fetched == ["http://shop.test/robots.txt"] * 2
+    assert crawler.stats.get_value("robotstxt/expired") == 1
+    assert crawler.stats.get_value("robotstxt/response_count") == 2
+
+
+def test_the_addon_puts_the_expiring_robots_middleware_in_scrapys_place(
+    redis_url: str, keyspace: KeySpace
+) -> None:
+    crawler = _crawler(redis_url, keyspace)
+    middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    loaded = build_component_list(middlewares)
+    assert ExpiringRobotsTxtMiddleware in loaded
+    assert RobotsTxtMiddleware not in loaded
+    assert loaded.index(ExpiringRobotsTxtMiddleware) + 1 == loaded.index(RobotsCacheMiddleware)
 
 
 def test_robots_cache_is_off_without_robotstxt_obey(redis_url: str, keyspace: KeySpace) -> None:

@@ -33,7 +33,8 @@ def _get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, str, str]:
         with opener.open(request, timeout=10) as response:
             return response.status, response.headers["Content-Type"], response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+        with exc:  # it holds the connection's socket
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
 
 
 def _nodes(fleet, count: int) -> None:

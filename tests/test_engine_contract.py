@@ -50,3 +50,16 @@ def test_a_request_is_in_progress_while_its_callback_runs() -> None:
     asyncio.run(main())
     assert _Probe.seen == [(True, True)], _HINT
     assert requests_in_progress(crawler) == set(), "after the crawl, nothing is in progress"
+
+
+def test_robots_txt_middleware_still_keeps_parsers_by_netloc() -> None:
+    """project/frontier/robots.py's ExpiringRobotsTxtMiddleware forgets entries of this dict."""
+    from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+
+    source = inspect.getsource(RobotsTxtMiddleware)
+    hint = (
+        f"Scrapy {scrapy.__version__} changed RobotsTxtMiddleware._parsers, which"
+        " ExpiringRobotsTxtMiddleware expires: adapt project/frontier/robots.py"
+    )
+    assert "self._parsers[netloc]" in source, hint
+    assert "async def robot_parser(self, request" in source, hint

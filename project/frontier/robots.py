@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 from redis.exceptions import LockError, RedisError
 from scrapy import signals
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred
 
 from project.config import read_settings, setting
 from project.frontier.config import FrontierConfig, SiteLimits
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
-__all__ = ["RobotsCacheMiddleware", "RobotsConfig"]
+__all__ = ["ExpiringRobotsTxtMiddleware", "RobotsCacheMiddleware", "RobotsConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +220,33 @@ class RobotsCacheMiddleware:
                 )
         except RedisError as exc:
             logger.warning("Cannot apply Crawl-delay of %s (%s)", site, exc)
+
+
+class ExpiringRobotsTxtMiddleware(RobotsTxtMiddleware):
+    """Scrapy's RobotsTxtMiddleware, whose parsers expire after ``ROBOTSTXT_CACHE_SECONDS``.
+
+    Scrapy keeps each site's parser for the life of the process; a node that crawls
+    for days would never see a site change its robots.txt. Past the age the next
+    request of the site fetches it again (from the fleet's copy in Redis, if fresh).
+    It relies on one private attribute, the ``_parsers`` dict keyed by netloc
+    (checked by tests/test_engine_contract.py on the installed Scrapy).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self._max_age = RobotsConfig.from_settings(crawler.settings).max_age
+        self._fetched_at: dict[str, float] = {}
+
+    async def robot_parser(self, request: Request) -> RobotParser | None:
+        netloc = urlparse_cached(request).netloc
+        now = time.monotonic()
+        fetched_at = self._fetched_at.setdefault(netloc, now)
+        parsers = self._parsers
+        if now - fetched_at > self._max_age and not isinstance(parsers.get(netloc), Deferred):
+            parsers.pop(netloc, None)  # a fetch under way (a Deferred) is left to finish
+            self._fetched_at[netloc] = now
+            self._stats.inc_value("robotstxt/expired")
+        return await super().robot_parser(request)
 
 
 async def _release(lock: Lock) -> None:
