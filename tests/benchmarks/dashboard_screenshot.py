@@ -56,8 +56,9 @@ def dashboard_process(
             try:
                 urllib.request.urlopen(url + "static/charts.js", timeout=2).close()
                 break
-            except urllib.error.HTTPError:
-                break  # answering (401 with basic auth)
+            except urllib.error.HTTPError as exc:
+                exc.close()  # it holds the connection's socket
+                break  # answering (401 with basic auth, 400 for a Host it refuses)
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"dashboard did not start:\n{log.read_text()}") from None
