@@ -186,28 +186,8 @@ def _services(args: argparse.Namespace) -> int:
     return services.main(args.rest)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _positive_int(text) if text.isdigit() else -1
+    value = scrapyd.positive_int(text) if text.isdigit() else -1
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
     return value
@@ -221,10 +201,10 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C")
     status.add_argument(
-        "--interval", type=_positive_float, default=2.0, help="seconds between redraws"
+        "--interval", type=scrapyd.positive_seconds, default=2.0, help="seconds between redraws"
     )
     status.add_argument(
-        "--sites", type=_positive_int, default=20, help="sites listed, the busiest first"
+        "--sites", type=scrapyd.positive_int, default=20, help="sites listed, the busiest first"
     )
     status.set_defaults(func=_status)
     dashboard = sub.add_parser("dashboard", help="web dashboard with charts and /metrics")
@@ -235,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     failures = sub.add_parser("failures", help="list, retry or purge dead letters")
     failures.add_argument("action", choices=["list", "retry", "purge"])
     failures.add_argument("--spider", default="products")
-    failures.add_argument("--limit", type=_positive_int, default=100)
+    failures.add_argument("--limit", type=scrapyd.positive_int, default=100)
     failures.add_argument("--json", action="store_true")
     failures.set_defaults(func=_failures)
     for command in (status, dashboard, failures):

@@ -421,22 +421,24 @@ def _setting(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a whole number of at least 1 (the CLI's too)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
     return value
 
 
-def _seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """argparse type of a finite number of seconds above 0 (the CLI's too)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
     return value
 
@@ -458,7 +460,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     common.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="per request (default 30)",
@@ -502,7 +504,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     schedule.add_argument("spider", type=_name, help="spider to run (products)")
     schedule.add_argument(
         "--per-node",
-        type=_positive,
+        type=positive_int,
         default=1,
         metavar="N",
         help="jobs to start on each node (default 1)",
