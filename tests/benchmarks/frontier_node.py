@@ -71,6 +71,7 @@ class StockProducts(RedisSpider):  # type: ignore[misc]
     parse = ProductsSpider.parse
     parse_listing = ProductsSpider.parse_listing
     parse_product = ProductsSpider.parse_product
+    _follow = ProductsSpider._follow  # the same link handling, bad hrefs included
 
 
 def main() -> None:
