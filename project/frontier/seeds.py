@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from project.frontier.sites import MAX_URL_LENGTH
+from project.frontier.sites import MAX_URL_LENGTH, url_refusal
 from project.frontier.wire import (
     NODE_LOCAL_META,
     RefusedValueError,
@@ -50,20 +49,22 @@ def preview(raw: bytes, limit: int = 200) -> str:
     return text + (f"... ({len(raw)} bytes)" if len(raw) > limit else "")
 
 
+#: What a seed's URL is told, by the frontier's reason to refuse it (sites.url_refusal).
+_URL_REFUSALS = {
+    "too_long": f"url longer than {MAX_URL_LENGTH} characters",
+    "invalid": "url does not parse as a URL with a host (and a port in range, if any)",
+    "scheme": "url must be an absolute http(s) URL",
+}
+
+
 def _check_url(url: Any) -> str:
     if not isinstance(url, str):
         raise InvalidSeed("url_type", f"url must be a string, not {type(url).__name__}")
     text: str = url.strip()
-    if len(text) > MAX_URL_LENGTH:
-        raise InvalidSeed("url", f"url longer than {MAX_URL_LENGTH} characters")
-    try:
-        parts = urlsplit(text)
-        host = parts.hostname
-        parts.port  # noqa: B018 (raises ValueError for a port that is not one)
-    except ValueError as exc:
-        raise InvalidSeed("url", f"url does not parse: {exc}") from exc
-    if parts.scheme not in {"http", "https"} or not host:
-        raise InvalidSeed("url", "url must be an absolute http(s) URL")
+    # The same rule as for every request the scheduler queues.
+    refusal = url_refusal(text)
+    if refusal is not None:
+        raise InvalidSeed("url", _URL_REFUSALS[refusal])
     return text
 
 
