@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from project.frontier.admin import decode_dead_letter
+from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
 from project.storage.config import MongoConfig
@@ -401,7 +401,7 @@ REDACTED = "[redacted]"
 _SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 # The same headers inside text that is not (or no longer, once cut) valid JSON.
 _SECRET_IN_TEXT = re.compile(
-    r'(?i)("(?:proxy-authorization|authorization|cookie)"\s*:\s*)'
+    r'(?i)("(?:' + "|".join(sorted(_SECRET_HEADERS)) + r')"\s*:\s*)'
     r'(\[(?:[^\]"\\]|"(?:[^"\\]|\\.)*"?)*\]?|"(?:[^"\\]|\\.)*"?)'
 )
 
@@ -461,8 +461,7 @@ def read_dead_letters(
     client: redis.Redis, keys: FrontierKeys, limit: int = 100
 ) -> list[dict[str, Any]]:
     """The newest dead letters, decoded and redacted."""
-    raw: Any = client.lrange(keys.dead, 0, limit - 1)
-    return [redact_dead_letter(decode_dead_letter(item)) for item in raw]
+    return [redact_dead_letter(record) for record in dead_letters(client, keys, limit)]
 
 
 def _pending(sample: dict[str, Any]) -> int:
