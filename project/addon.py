@@ -20,6 +20,7 @@ from scrapy.extensions.remote_control import RemoteControl
 from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationConfig, ValidationPipeline
 from project.config import FleetConfigError, exported_defaults
+from project.frontier.compat import check_settings
 from project.frontier.config import FrontierConfig, RetryConfig
 from project.frontier.keys import FrontierKeys
 from project.frontier.retry import FrontierRetryMiddleware
@@ -28,6 +29,7 @@ from project.frontier.robots import (
     RobotsCacheMiddleware,
     RobotsConfig,
 )
+from project.frontier.start import FleetStartMiddleware
 from project.monitoring.node import MonitorConfig, NodeMonitor
 from project.monitoring.statsfile import StatsFile, StatsFileConfig
 from project.rendering.browser import use_system_chromium
@@ -56,6 +58,8 @@ _SETTINGS = {
     "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
+    # Retries are cheap on the fleet (no node waits for one): one more than Scrapy's 2.
+    "RETRY_TIMES": 3,
     # A page from a stranger costs at most this much memory (Scrapy's own cap is 1 GiB).
     "DOWNLOAD_MAXSIZE": 16 * 1024 * 1024,
     "DOWNLOAD_WARNSIZE": 4 * 1024 * 1024,
@@ -75,6 +79,9 @@ _DOWNLOADER_MIDDLEWARES = {
     RobotsCacheMiddleware: 101,
     RenderingMiddleware: 560,
 }
+
+# start_urls and start() seed the fleet once, not once per node; first after the engine.
+_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10}
 
 _EXTENSIONS = {RemoteControl: None, NodeMonitor: 500, StatsFile: 510}
 
@@ -98,6 +105,7 @@ class FleetAddon:
             _setdefault(settings, name, default)
         for setting, components in (
             ("DOWNLOADER_MIDDLEWARES", _DOWNLOADER_MIDDLEWARES),
+            ("SPIDER_MIDDLEWARES", _SPIDER_MIDDLEWARES),
             ("EXTENSIONS", _EXTENSIONS),
             ("ITEM_PIPELINES", _ITEM_PIPELINES),
         ):
@@ -125,6 +133,7 @@ class FleetAddon:
 
 def _check(settings: BaseSettings) -> None:
     """Every fleet setting parsed now, so a bad one stops the node before it starts."""
+    check_settings(settings)
     FrontierConfig.from_settings(settings)
     FrontierKeys.from_settings(settings, "spider")
     RetryConfig.from_settings(settings)

@@ -85,6 +85,8 @@ class Fleet:
     space: KeySpace = field(default_factory=KeySpace)
     spider: str = "products"
     settings: dict[str, Any] = field(default_factory=dict)
+    #: ``-a NAME=VALUE`` spider arguments of every node.
+    spider_args: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     cwd: Path = ROOT
 
@@ -116,6 +118,8 @@ class Fleet:
         for key, value in merged.items():
             text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
             argv += ["-s", f"{key}={text}"]
+        for key, value in self.spider_args.items():
+            argv += ["-a", f"{key}={value}"]
         with (self.log_dir / f"node{index}.log").open("wb") as log:
             proc = subprocess.Popen(
                 argv, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT

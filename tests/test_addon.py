@@ -10,7 +10,9 @@ from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.settings import Settings
 
 from project.addon import FleetAddon
+from project.config import FleetConfigError
 from project.frontier.retry import FrontierRetryMiddleware
+from project.frontier.scheduler import FleetScheduler
 from tests.fleet import ROOT
 
 if TYPE_CHECKING:
@@ -19,11 +21,15 @@ if TYPE_CHECKING:
 PROJECT = ROOT / "tests" / "addon_project"
 
 
+class MyScheduler(FleetScheduler):
+    """A project's own scheduler: the fleet's, extended."""
+
+
 def test_the_projects_own_settings_win_over_the_add_on() -> None:
     settings = Settings()
     settings.setdict(
         {
-            "SCHEDULER": "my.Scheduler",
+            "SCHEDULER": "tests.test_addon.MyScheduler",
             "TELNETCONSOLE_ENABLED": True,
             "DOWNLOADER_MIDDLEWARES": {"project.frontier.retry.FrontierRetryMiddleware": 700},
             "DOWNLOAD_HANDLERS": {"https": "my.Handler"},
@@ -32,7 +38,7 @@ def test_the_projects_own_settings_win_over_the_add_on() -> None:
         priority="project",
     )
     FleetAddon().update_settings(settings)
-    assert settings["SCHEDULER"] == "my.Scheduler"
+    assert settings["SCHEDULER"] == "tests.test_addon.MyScheduler"
     assert settings.getbool("TELNETCONSOLE_ENABLED") is True
     middlewares = settings.getdict("DOWNLOADER_MIDDLEWARES")
     assert middlewares["project.frontier.retry.FrontierRetryMiddleware"] == 700
@@ -42,6 +48,14 @@ def test_the_projects_own_settings_win_over_the_add_on() -> None:
     assert handlers["https"] == "my.Handler"
     assert handlers["http"] == "project.rendering.handler.BoundedPlaywrightHandler"
     assert settings.getint("PLAYWRIGHT_MAX_CONTEXTS") == 3
+
+
+def test_a_scheduler_that_is_not_the_fleets_is_refused_at_start() -> None:
+    """A settings.py kept from stock scrapy-redis would silently crawl without the fleet."""
+    settings = Settings()
+    settings.set("SCHEDULER", "scrapy_redis.scheduler.Scheduler", priority="project")
+    with pytest.raises(FleetConfigError, match=r"FleetScheduler\); remove SCHEDULER"):
+        FleetAddon().update_settings(settings)
 
 
 def test_the_add_on_wires_the_fleet_into_empty_settings() -> None:

@@ -28,7 +28,7 @@ from scrapy.utils.test import get_crawler
 from project.addon import FleetAddon
 from project.frontier.config import FrontierConfig, RetryConfig, SiteLimits
 from project.frontier.keys import FrontierKeys, KeyTemplates
-from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY
+from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
 from project.frontier.retry import FrontierRetryMiddleware
 from project.frontier.robots import (
     CACHED_FLAG,
@@ -151,27 +151,6 @@ def test_scheduler_gives_unstarted_leases_back_when_it_closes(
     assert int(redis_client.get(keys.queued)) > 0, "the rest waits for other nodes"
 
 
-class PlainSpider(Spider):
-    name = "plain"
-
-
-def test_scheduler_refuses_a_spider_it_cannot_seed(redis_url: str, keyspace: KeySpace) -> None:
-    """Once every component is open (spider_opened), with one line and a clean close."""
-    from scrapy.exceptions import CloseSpider
-
-    crawler = _crawler(redis_url, keyspace, PlainSpider)
-
-    async def main() -> None:
-        scheduler = build_from_crawler(FleetScheduler, crawler)
-        await maybe_deferred_to_future(scheduler.open(crawler.spider))
-        with pytest.raises(CloseSpider) as info:
-            await scheduler._connect(crawler.spider)
-        assert info.value.reason == "not_a_fleet_spider"
-        await maybe_deferred_to_future(scheduler.close("not_a_fleet_spider"))
-
-    asyncio.run(main())
-
-
 # -- the retry middleware ------------------------------------------------------------------------
 
 
@@ -182,21 +161,43 @@ def _leased(url: str, **meta: Any) -> Request:
 def test_retry_middleware_sends_a_failure_back_to_redis_with_a_pause(
     redis_url: str, keyspace: KeySpace
 ) -> None:
-    crawler = _crawler(redis_url, keyspace, FRONTIER_RETRY_TIMES=1)
+    crawler = _crawler(redis_url, keyspace, RETRY_TIMES=1)
     middleware = build_from_crawler(FrontierRetryMiddleware, crawler)
     request = _leased("http://shop.test/p")
     busy = Response(request.url, status=429, headers={"Retry-After": "7"}, request=request)
-    with pytest.raises(IgnoreRequest, match="retry scheduled after HTTP 429"):
-        middleware.process_response(request, busy)
+    copy = middleware.process_response(request, busy)
+    # Scrapy's retry request goes back to the engine (so no errback fires for it), and the
+    # scheduler hands it to the lease's settlement instead of queueing it twice.
+    assert isinstance(copy, Request)
+    assert copy is not request
+    assert (copy.meta["retry_times"], copy.priority, copy.dont_filter) == (1, -1, True)
+    assert copy.meta[RETRY_COPY_META_KEY] is True
     outcome = request.meta[OUTCOME_META_KEY]
-    assert (outcome["action"], outcome["pause"]) == ("retry", 7.0)
+    assert (outcome["action"], outcome["pause"], outcome["request"]) == ("retry", 7.0, copy)
     assert outcome["delay"] >= 7.0
-    # The second failure is the last one: a dead letter, and the response goes on.
-    again = middleware.process_response(request, busy)
+    stats = crawler.stats
+    assert stats.get_value("retry/count") == 1
+    assert stats.get_value("retry/reason_count/429 Unknown Status") == 1
+    # The copy's failure is the last one: a dead letter, and the response goes on.
+    again = middleware.process_response(copy, busy)
     assert again is busy
     dead = {"action": "dead", "error": "HTTP 429", "attempts": 2, "pause": 7.0}
-    assert request.meta[OUTCOME_META_KEY] == dead, "the site still pauses"
-    assert crawler.stats.get_value("frontier/retry/max_reached") == 1
+    assert copy.meta[OUTCOME_META_KEY] == dead, "the site still pauses"
+    assert stats.get_value("retry/max_reached") == 1
+    assert stats.get_value("frontier/retry/max_reached") == 1
+
+
+def test_max_retry_times_in_meta_wins_over_retry_times(redis_url: str, keyspace: KeySpace) -> None:
+    crawler = _crawler(redis_url, keyspace, RETRY_TIMES=5, RETRY_HTTP_CODES=[502])
+    middleware = build_from_crawler(FrontierRetryMiddleware, crawler)
+    request = _leased("http://shop.test/p", max_retry_times=0)
+    failed = Response(request.url, status=502, request=request)
+    assert middleware.process_response(request, failed) is failed
+    assert request.meta[OUTCOME_META_KEY]["action"] == "dead"
+    not_retried = _leased("http://shop.test/q")
+    teapot = Response(not_retried.url, status=503, request=not_retried)
+    assert middleware.process_response(not_retried, teapot) is teapot, "503 is not in the codes"
+    assert OUTCOME_META_KEY not in not_retried.meta
 
 
 def test_retry_middleware_leaves_requests_it_did_not_lease_alone(
@@ -394,14 +395,14 @@ def test_retry_config_reads_codes_and_exceptions() -> None:
     config = RetryConfig.from_settings(
         Settings(
             {
-                "FRONTIER_RETRY_HTTP_CODES": "500,503",
+                "RETRY_HTTP_CODES": "500,503",
                 "RETRY_EXCEPTIONS": ["builtins.TimeoutError"],
             }
         )
     )
     assert (config.http_codes, config.exceptions) == ([500, 503], (TimeoutError,))
-    with pytest.raises(NotConfigured, match="FRONTIER_RETRY_HTTP_CODES"):
-        RetryConfig.from_settings(Settings({"FRONTIER_RETRY_HTTP_CODES": "5xx"}))
+    with pytest.raises(NotConfigured, match="RETRY_HTTP_CODES"):
+        RetryConfig.from_settings(Settings({"RETRY_HTTP_CODES": "5xx"}))
 
 
 def test_key_templates_follow_the_scrapy_redis_settings() -> None:
@@ -565,7 +566,7 @@ def test_a_page_whose_item_was_not_stored_is_retried_not_acked_row_6(
         keyspace,
         shop,
         ITEM_PIPELINES={_UnstorablePipeline: 300, **IN_PROCESS["ITEM_PIPELINES"]},
-        FRONTIER_RETRY_TIMES=1,
+        RETRY_TIMES=1,
         FRONTIER_RETRY_BACKOFF_BASE=0.1,
     )
     stats = crawler.stats.get_stats()

@@ -917,6 +917,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 len(after.delayed),
                 len(after.inflight),
                 len(after.start_urls),
+                0,  # no node runs start() here
             )
         assert result.next_wake_ms is None or result.next_wake_ms >= 0
 

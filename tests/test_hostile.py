@@ -44,7 +44,7 @@ ADDRESS_SPACE_CAP = 2_000_000_000
 PEAK_RSS_BOUND = 400 * 1024 * 1024
 
 _SETTINGS = {
-    "FRONTIER_RETRY_TIMES": 1,
+    "RETRY_TIMES": 1,
     "FRONTIER_RETRY_BACKOFF_BASE": 0.2,
     # The never-ending page is cut by the lease's age, not by Scrapy's download timeout.
     "FRONTIER_MAX_LEASE_SECONDS": 6,
@@ -53,7 +53,7 @@ _SETTINGS = {
     "FRONTIER_RETRY_AFTER_MAX_PAUSE": 2,
 }
 
-#: Each broken page: (attempts it may take with FRONTIER_RETRY_TIMES = 1, what its dead
+#: Each broken page: (attempts it may take with RETRY_TIMES = 1, what its dead
 #: letter's reason must say).
 _DEAD_REASONS: dict[str, tuple[set[int], re.Pattern[str]]] = {
     "retry-after-huge": ({1}, re.compile(r"Retry-After")),

@@ -447,7 +447,7 @@ def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     seeds.append(json.dumps({"url": shop.url("/missing"), "meta": {"playwright": True}}))
     fleet.seed(*seeds)
     # One attempt each: a failed render is a dead letter at once instead of a retry.
-    _start(fleet, CONCURRENT_REQUESTS=8, FRONTIER_RETRY_TIMES=0)
+    _start(fleet, CONCURRENT_REQUESTS=8, RETRY_TIMES=0)
     assert fleet.wait(90) == [0]
 
     log = fleet.log(0)

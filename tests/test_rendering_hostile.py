@@ -626,7 +626,7 @@ def test_row10_failed_renders_are_retried_then_dead_lettered(
         )
     )
     fleet.start_node(
-        FRONTIER_RETRY_TIMES=1,
+        RETRY_TIMES=1,
         FRONTIER_RETRY_BACKOFF_BASE=0.1,
         FRONTIER_RETRY_BACKOFF_MAX=0.2,
         PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=1500,
@@ -663,7 +663,7 @@ def test_d4_render_past_its_bound_is_closed_and_fails_as_a_timeout(
     )
     # One page for the whole node: the render after the two stuck ones needs its slot back.
     fleet.start_node(
-        FRONTIER_RETRY_TIMES=0,
+        RETRY_TIMES=0,
         PLAYWRIGHT_RENDER_TIMEOUT=3,
         PLAYWRIGHT_MAX_PAGES_PER_CONTEXT=1,
         CONCURRENT_REQUESTS=1,

@@ -120,8 +120,8 @@ def test_flaky_pages_are_retried_then_dead_lettered(
     shop = make_shop(products=200, flaky_share=0.1, flaky_failures=2, broken_share=0.05)
     expected = shop.stats()["expected"]
     fleet.seed(shop.url("/"))
-    fleet.start_node(FRONTIER_RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
-    fleet.start_node(FRONTIER_RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
+    fleet.start_node(RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
+    fleet.start_node(RETRY_TIMES=2, FRONTIER_RETRY_BACKOFF_BASE=0.3)
     assert fleet.wait(180) == [0, 0]
 
     hits = shop.stats()["product_hits"]

@@ -132,7 +132,7 @@ def test_images_and_robots(shop: ShopServer) -> None:
         assert response.read().startswith(b"\x89PNG")
     status, _, robots = _fetch(shop.url("/robots.txt"))
     assert status == 200
-    assert robots == "User-agent: *\nDisallow:\n"
+    assert robots == f"User-agent: *\nDisallow:\n\nSitemap: {shop.url('/sitemap.xml')}\n"
 
 
 @pytest.mark.parametrize(
@@ -289,8 +289,9 @@ def test_latency_retry_after_burst_and_robots() -> None:
         started = time.monotonic()
         status, _, robots = _fetch(server.url("/robots.txt"))
         assert time.monotonic() - started >= 0.2
-        assert (
-            robots == "User-agent: *\nCrawl-delay: 1.5\nDisallow: /private\nDisallow: /checkout\n"
+        assert robots == (
+            "User-agent: *\nCrawl-delay: 1.5\nDisallow: /private\nDisallow: /checkout\n"
+            f"\nSitemap: {server.url('/sitemap.xml')}\n"
         )
 
         plain = next(pid for pid in range(1, 21) if pid not in server.stats()["expected"]["slow"])

@@ -125,7 +125,7 @@ def test_decoding_drops_node_local_meta_from_a_payload_row_17(spider: ProductsSp
             "meta": {
                 "_frontier_outcome": {"action": "dead"},
                 "_frontier_lease": True,
-                "download_slot": "elsewhere",
+                "download_latency": 3.0,
                 "depth": 2,
             },
         }

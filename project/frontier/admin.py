@@ -23,9 +23,15 @@ __all__ = [
     "decode_dead_letter",
     "purge_dead_letters",
     "retry_dead_letters",
+    "site_queue_pattern",
 ]
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def site_queue_pattern(keys: FrontierKeys) -> str:
+    """The SCAN pattern of the spider's site queues."""
+    return _GLOB_SPECIAL.sub(r"\\\1", keys.site_queue("")) + "*"
 
 
 def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
@@ -33,8 +39,7 @@ def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
 
     Node records, history and the robots.txt cache stay. Returns the keys deleted.
     """
-    pattern = _GLOB_SPECIAL.sub(r"\\\1", keys.site_queue("")) + "*"
-    site_queues = list(client.scan_iter(match=pattern, count=1000))
+    site_queues = list(client.scan_iter(match=site_queue_pattern(keys), count=1000))
     doomed = [*site_queues, *keys.frontier()]
     deleted = 0
     for start in range(0, len(doomed), 1000):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import redis.asyncio
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
@@ -15,6 +17,7 @@ from project.config import read_settings, setting
 if TYPE_CHECKING:
     from typing import Self
 
+    from scrapy import Spider
     from scrapy.settings import BaseSettings
 
 __all__ = ["FrontierConfig", "RetryConfig", "SiteLimits", "default_node_id"]
@@ -69,6 +72,21 @@ class FrontierConfig:
     #: How long a starting node waits for Redis before it gives up.
     connect_timeout: float = setting("FRONTIER_CONNECT_TIMEOUT", 20.0)
     redis_url: str = setting("REDIS_URL", "redis://127.0.0.1:6379/0")
+    #: scrapy-redis' way to name the server, used when REDIS_URL is not set.
+    redis_host: str = setting("REDIS_HOST", "", shown="unset (REDIS_URL)")
+    redis_port: int = setting("REDIS_PORT", 0, shown="unset (REDIS_URL)")
+    redis_db: int = setting("REDIS_DB", 0, shown="unset (REDIS_URL)")
+    #: Keyword arguments of the Redis client (password, db, socket timeouts, ssl, ...).
+    redis_params: dict[str, Any] = setting("REDIS_PARAMS", {})
+    #: Seeds are pushed to a set (``redis-cli sadd``), not a list.
+    seeds_as_set: bool = setting("REDIS_START_URLS_AS_SET", False)
+    #: False: when the fleet's crawl finished, its queue and seen-set are deleted.
+    persist: bool = setting("SCHEDULER_PERSIST", True)
+    #: scrapy-redis' idle close: 0 keeps the fleet up (FRONTIER_KEEP_ALIVE), N closes after N
+    #: idle seconds (FRONTIER_IDLE_GRACE); also a spider's ``max_idle_time`` attribute.
+    max_idle_time: int = setting("MAX_IDLE_TIME_BEFORE_CLOSE", -1, shown="unset")
+    #: Scrapy's: log every request the seen-set filters, not only the first.
+    dupefilter_debug: bool = setting("DUPEFILTER_DEBUG", False)
     site_key: str = setting("FLEET_SITE_KEY", "domain")
     site_ip_ttl: float = setting("FLEET_SITE_IP_TTL", 300.0)
     #: "seeds": requests found on pages stay on the seeds' sites; "any": they may go anywhere
@@ -76,6 +94,8 @@ class FrontierConfig:
     follow: str = setting("FRONTIER_FOLLOW", "seeds")
     allowed_sites: list[str] = setting("FRONTIER_ALLOWED_SITES", [])
     site_limits: dict[str, dict[str, float]] = setting("FLEET_SITE_LIMITS", {})
+    #: Scrapy's per-slot concurrency and delay: fleet-wide caps of those sites too.
+    download_slots: dict[str, dict[str, Any]] = setting("DOWNLOAD_SLOTS", {})
     #: Scrapy's CONCURRENT_REQUESTS: what the node downloads at once.
     concurrency: int = 16
     limits: SiteLimits = field(default_factory=SiteLimits)
@@ -90,6 +110,13 @@ class FrontierConfig:
         )
         values["node_id"] = values["node_id"] or default_node_id()
         values["heartbeat_seconds"] = values["heartbeat_seconds"] or values["lease_seconds"] / 4
+        if settings.get("REDIS_URL") is None and any(
+            settings.get(name) is not None for name in ("REDIS_HOST", "REDIS_PORT", "REDIS_DB")
+        ):
+            host, port = values["redis_host"] or "127.0.0.1", values["redis_port"] or 6379
+            host = f"[{host}]" if ":" in host else host
+            values["redis_url"] = f"redis://{host}:{port}/{values['redis_db']}"
+        values["redis_params"] = _redis_params(values["redis_url"], values["redis_params"])
         config = cls(**values)
         if config.heartbeat_seconds >= config.lease_seconds:
             raise NotConfigured(
@@ -108,6 +135,13 @@ class FrontierConfig:
             raise NotConfigured(f"FLEET_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}")
         if "\n" in config.node_id:
             raise NotConfigured("FRONTIER_NODE_ID must not contain a newline")
+        for slot, spec in config.download_slots.items():
+            try:
+                float(spec.get("delay", 0) or 0), int(spec.get("concurrency", 1))
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise NotConfigured(
+                    f"DOWNLOAD_SLOTS[{slot!r}] must be like {{'concurrency': 2, 'delay': 0.5}}"
+                ) from exc
         for site, spec in config.site_limits.items():
             if not isinstance(spec, dict) or set(spec) - {"rate", "concurrency"}:
                 raise NotConfigured(
@@ -115,20 +149,76 @@ class FrontierConfig:
                 )
         return config
 
+    def client(self, **defaults: Any) -> redis.asyncio.Redis:
+        """A client of the fleet's Redis (no I/O until used): *defaults*, then REDIS_PARAMS."""
+        return redis.asyncio.from_url(self.redis_url, **{**defaults, **self.redis_params})
+
+    def for_spider(self, spider: Spider) -> Self:
+        """The settings as *spider* adjusts them: scrapy-redis' ``max_idle_time`` and
+        ``redis_batch_size`` attributes, when its class sets them."""
+        values: dict[str, Any] = {}
+        idle = getattr(type(spider), "max_idle_time", None)
+        if idle is None and self.max_idle_time >= 0:
+            idle = self.max_idle_time
+        if idle is not None:
+            seconds = int(idle)
+            values = {"keep_alive": True} if seconds == 0 else {"idle_grace": float(seconds)}
+        batch = getattr(type(spider), "redis_batch_size", None)
+        if batch is not None:
+            values["seed_batch"] = max(1, int(batch))
+        return dataclasses.replace(self, **values) if values else self
+
     def site_caps(self) -> dict[str, str]:
         """``site -> "rate concurrency"`` for the limits hash; ``*`` is this fleet's default."""
         caps = {"*": f"{self.limits.rate} {self.limits.concurrency}"}
+        for slot, spec in self.download_slots.items():
+            delay = float(spec.get("delay", 0) or 0)
+            concurrency = int(spec.get("concurrency", self.limits.concurrency))
+            caps[slot.lower()] = f"{1 / delay if delay > 0 else 0.0} {concurrency}"
         for site, spec in self.site_limits.items():
             caps[site.lower()] = f"{float(spec.get('rate', 0))} {int(spec.get('concurrency', 0))}"
         return caps
+
+
+#: REDIS_PARAMS the frontier cannot work with: it reads replies as bytes, with redis.asyncio.
+_REFUSED_PARAMS = {
+    "decode_responses": "the frontier reads replies as bytes",
+    "redis_cls": "the frontier uses redis.asyncio",
+    "connection_pool": "a pool cannot be given in settings",
+}
+
+
+def _redis_params(url: str, params: dict[str, Any]) -> dict[str, Any]:
+    """REDIS_PARAMS, checked by building (not connecting) a client with them."""
+    refused = sorted(set(params) & set(_REFUSED_PARAMS))
+    if refused:
+        raise NotConfigured(
+            f"REDIS_PARAMS[{refused[0]!r}] cannot be used: {_REFUSED_PARAMS[refused[0]]}"
+        )
+    # scrapy-redis' own defaults, which redis-py does anyway (encodes text as UTF-8, retries
+    # on timeouts) and since 6.0 warns about
+    params = {
+        k: v
+        for k, v in params.items()
+        if (k, v) not in (("encoding", "utf-8"), ("retry_on_timeout", True))
+    }
+    try:
+        # a connection object, never connected: its constructor checks every keyword
+        redis.asyncio.ConnectionPool.from_url(url, **params).make_connection()  # type: ignore[no-untyped-call]
+    except (TypeError, ValueError) as exc:
+        raise NotConfigured(f"REDIS_PARAMS {sorted(params)} do not fit the client: {exc}") from exc
+    return params
 
 
 @dataclass(frozen=True)
 class RetryConfig:
     """Retry settings of the frontier's retry middleware."""
 
-    max_retries: int = setting("FRONTIER_RETRY_TIMES", 3)
-    http_codes: list[int] = setting("FRONTIER_RETRY_HTTP_CODES", _RETRY_HTTP_CODES)
+    #: Scrapy's retry settings; the add-on makes RETRY_TIMES 3 unless the project sets it.
+    enabled: bool = setting("RETRY_ENABLED", True)
+    max_retries: int = setting("RETRY_TIMES", 3)
+    http_codes: list[int] = setting("RETRY_HTTP_CODES", _RETRY_HTTP_CODES)
+    priority_adjust: int = setting("RETRY_PRIORITY_ADJUST", -1)
     backoff_base: float = setting("FRONTIER_RETRY_BACKOFF_BASE", 1.0)
     backoff_max: float = setting("FRONTIER_RETRY_BACKOFF_MAX", 60.0)
     #: A Retry-After pauses its site fleet-wide for at most this long.
@@ -148,8 +238,14 @@ class RetryConfig:
                 for e in settings.getlist("RETRY_EXCEPTIONS")
             ),
         )
+        for old, new in (("FRONTIER_RETRY_TIMES", "RETRY_TIMES"),
+                         ("FRONTIER_RETRY_HTTP_CODES", "RETRY_HTTP_CODES")):  # fmt: skip
+            if settings.get(old) is not None:
+                raise NotConfigured(f"{old} is now Scrapy's own {new}: set {new} instead")
         try:
             values["http_codes"] = [int(code) for code in values["http_codes"]]
         except ValueError as exc:
-            raise NotConfigured(f"FRONTIER_RETRY_HTTP_CODES must be status codes: {exc}") from exc
+            raise NotConfigured(f"RETRY_HTTP_CODES must be status codes: {exc}") from exc
+        if not values["enabled"]:
+            values["max_retries"] = 0  # a failure is a dead letter at once, never lost
         return cls(**values)

@@ -80,6 +80,7 @@ class FrontierKeys:
     deliveries: str
     allowed: str
     recent: str
+    start: str
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -105,7 +106,7 @@ class FrontierKeys:
             for name in (
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
-                "history", "layout", "deliveries", "allowed", "recent",
+                "history", "layout", "deliveries", "allowed", "recent", "start",
             )
         }  # fmt: skip
         return cls(

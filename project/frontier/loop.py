@@ -18,6 +18,7 @@ from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.queue import StepBatch
 from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
+from project.frontier.spiders import requests_from_seed
 from project.frontier.wire import decode_request, encode_request
 from project.utils import mask_url
 
@@ -30,7 +31,13 @@ if TYPE_CHECKING:
     from project.frontier.queue import Leased, LeasedQueue
     from project.storage.deadletters import DeadLetterSink
 
-__all__ = ["LEASE_META_KEY", "OUTCOME_META_KEY", "SEED_META_KEY", "FrontierLoop"]
+__all__ = [
+    "LEASE_META_KEY",
+    "OUTCOME_META_KEY",
+    "RETRY_COPY_META_KEY",
+    "SEED_META_KEY",
+    "FrontierLoop",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,9 @@ OUTCOME_META_KEY = "_frontier_outcome"
 LEASE_META_KEY = "_frontier_lease"
 #: request.meta key of a request made from a seed: its site is one the crawl may visit.
 SEED_META_KEY = "_frontier_seed"
+#: request.meta key of Scrapy's retry copy of a leased request: the copy travels with
+#: the lease's settlement, not as a request of its own.
+RETRY_COPY_META_KEY = "_frontier_retry_copy"
 
 _BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
 _BACKOFF_MAX = 10.0
@@ -106,7 +116,12 @@ class FrontierLoop:
         self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
         self._next_wake: float | None = None  # monotonic time a throttled site may go
         self._seeds_maybe = True
-        self._counts: tuple[int, int, int, int] | None = None
+        self._counts: tuple[int, int, int, int, int] | None = None
+        #: "run" while this node runs the spider's start() for the fleet, "done" once
+        #: it ended and its claim waits to be ended with its last requests.
+        self._start: str | None = None
+        self._start_after = 0
+        self._dupe_logged = False  # Scrapy logs the first duplicate, or all with DUPEFILTER_DEBUG
         self._idle_since: float | None = None
         self._closing = False
         self._wakeup = asyncio.Event()
@@ -135,6 +150,9 @@ class FrontierLoop:
         self._dispatched[request] = lease
         self._consumed += 1
         self.stats.inc_value("frontier/dispatched")
+        # Scrapy's scheduler counts these (and scrapy-redis' its /redis share)
+        self.stats.inc_value("scheduler/dequeued")
+        self.stats.inc_value("scheduler/dequeued/redis")
         return request
 
     def has_pending(self) -> bool:
@@ -148,6 +166,16 @@ class FrontierLoop:
     def held(self) -> int:
         """Requests this node holds: leased but not yet settled."""
         return len(self._heap) + len(self._dispatched)
+
+    def begin_start(self) -> None:
+        """This node holds the claim on the spider's start(): extend it with the heartbeats."""
+        self._start = "run"
+
+    def end_start(self) -> None:
+        """start() is over: end the claim once every request it yielded is in Redis."""
+        if self._start == "run":
+            self._start, self._start_after = "done", self._buffered
+            self._wakeup.set()
 
     def record_latency(self, url: str, seconds: float) -> None:
         """A download latency sample for adaptive throttling."""
@@ -168,7 +196,7 @@ class FrontierLoop:
         # Everything dispatched has left the engine by now.
         self._reconcile(force=True)
         try:
-            while self._enqueue or self._has_settlements():
+            while self._enqueue or self._has_settlements() or self._start == "done":
                 await self._step(want=0, seed_want=0)
             held = [lease.member for *_, lease in self._heap]
             released = await self.queue.release(held)
@@ -296,7 +324,8 @@ class FrontierLoop:
                 continue
             if outcome["action"] == "retry":
                 try:
-                    payload = encode_request(request, self.spider, id=os.urandom(6).hex())
+                    again = outcome.get("request") or request  # Scrapy's retry copy
+                    payload = encode_request(again, self.spider, id=os.urandom(6).hex())
                 except Exception as exc:  # noqa: BLE001 (whatever it is, this one request pays)
                     outcome = {**outcome, "action": "dead", "error": f"cannot retry: {exc}"}
                 else:
@@ -355,6 +384,13 @@ class FrontierLoop:
                 batch.heartbeat += [member for member, *_ in settlement.retries]
                 batch.heartbeat += [member for member, _ in settlement.dead]
         batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
+        batch.list_dupes = bool(batch.enqueue) and (
+            self.config.dupefilter_debug or not self._dupe_logged
+        )
+        if self._start == "done" and sent_after >= self._start_after:
+            batch.start = "done"
+        elif self._start == "run" and now - self._last_heartbeat >= self.config.heartbeat_seconds:
+            batch.start = "run"
         result = await self.queue.step(batch)
         self.stats.inc_value("frontier/round_trips")
         if batch.latency:
@@ -363,6 +399,8 @@ class FrontierLoop:
         self._next_wake = None if wake is None else time.monotonic() + wake / 1000
         if batch.pauses:
             self._count("frontier/site_paused", len(batch.pauses))
+        if batch.start is not None:
+            self._start_settled(batch.start, result.start_held)
         # Only now, with the step known to have run, drop what it carried.
         del self._enqueue[: len(batch.enqueue)]
         self._sent = sent_after
@@ -392,6 +430,9 @@ class FrontierLoop:
                 )
         self._count("frontier/enqueued", result.added)
         self._count("frontier/duplicates", result.duplicates)
+        self._count("dupefilter/filtered", result.duplicates)
+        if result.duplicate_at:
+            self._log_duplicates([batch.enqueue[i][3] for i in result.duplicate_at])
         self._accept_leases(result.leased)
         self._accept_seeds(result.seeds, seed_want)
         moved = bool(batch.enqueue or result.leased or result.seeds or batch.acks)
@@ -399,6 +440,45 @@ class FrontierLoop:
         if result.leased or result.seeds or self.finished:
             wake_engine(self.crawler)
         return moved
+
+    def _log_duplicates(self, payloads: list[bytes]) -> None:
+        """Scrapy's dupefilter lines: the first duplicate, or every one with DUPEFILTER_DEBUG."""
+        for payload in payloads if self.config.dupefilter_debug else payloads[:1]:
+            try:
+                url = str(json.loads(payload)["url"])
+            except (ValueError, KeyError, TypeError):
+                url = preview(payload)
+            if self.config.dupefilter_debug:
+                logger.debug(
+                    "Filtered duplicate request: <%s> (seen by the fleet)",
+                    url,
+                    extra={"spider": self.spider},
+                )
+            else:
+                logger.debug(
+                    "Filtered duplicate request: <%s> - no more duplicates will be shown"
+                    " (see DUPEFILTER_DEBUG to show all duplicates)",
+                    url,
+                    extra={"spider": self.spider},
+                )
+        self._dupe_logged = True
+
+    def _start_settled(self, asked: str, held: bool) -> None:
+        if asked == "done":
+            self._start = None
+            if held:
+                logger.info(
+                    "start() ran for the fleet: its requests are in the shared frontier",
+                    extra={"spider": self.spider},
+                )
+        if not held:
+            self._start = None
+            self.stats.inc_value("frontier/start/claim_lost")
+            logger.warning(
+                "Lost the claim on start() (not extended within FRONTIER_LEASE_SECONDS): a"
+                " waiting node runs start() again; its requests already sent are kept",
+                extra={"spider": self.spider},
+            )
 
     async def _key_by_ip(self, batch: StepBatch, resolver: SiteResolver) -> None:
         """Sites named by IP. Retries and pauses keep the site their lease was granted under."""
@@ -439,12 +519,13 @@ class FrontierLoop:
         for raw in seeds:
             member = self.queue.seed_member(raw)
             try:
-                request = self.spider.request_from_seed(raw)  # type: ignore[attr-defined]
-                request.meta[SEED_META_KEY] = True
-                # Scheduled through the engine like any request; the seed's own
-                # lease is acked in the same round trip that enqueues it.
-                assert self.crawler.engine is not None
-                self.crawler.engine.crawl(request)
+                requests = requests_from_seed(self.spider, raw)
+                for request in requests:
+                    request.meta[SEED_META_KEY] = True
+                    # Scheduled through the engine like any request; the seed's own
+                    # lease is acked in the same round trip that enqueues it.
+                    assert self.crawler.engine is not None
+                    self.crawler.engine.crawl(request)
             except Exception as exc:  # noqa: BLE001 (a seed from Redis costs at most itself)
                 self._refuse(member, "seed", preview(raw), None, None, exc)
                 continue
@@ -511,7 +592,12 @@ class FrontierLoop:
 
     def _check_finished(self, moved: bool) -> None:
         local_busy = bool(
-            self._heap or self._dispatched or self._enqueue or self._has_settlements() or moved
+            self._heap
+            or self._dispatched
+            or self._enqueue
+            or self._has_settlements()
+            or moved
+            or self._start is not None
         )
         fleet_busy = self._counts is None or any(self._counts)
         if local_busy or fleet_busy or self.config.keep_alive:

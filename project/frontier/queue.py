@@ -40,6 +40,10 @@ class StepBatch:
     want: int = 0
     seed_want: int = 0
     maintain: bool = False
+    #: "run": extend this node's claim on the spider's start(); "done": end it (lua/start.lua)
+    start: str | None = None
+    #: Ask where the duplicates are in ``enqueue`` (to log them).
+    list_dupes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,7 @@ class StepResult:
     seeds: list[bytes]
     reaped: int
     promoted: int
-    counts: tuple[int, int, int, int] | None  # queued, delayed, inflight, seeds
+    counts: tuple[int, int, int, int, int] | None  # queued, delayed, inflight, seeds, starting
     #: Milliseconds until the next throttled site may go, by Redis' clock.
     next_wake_ms: int | None
     #: Dead-letter records of entries whose leases expired FRONTIER_MAX_DELIVERIES times.
@@ -70,6 +74,10 @@ class StepResult:
     stale: int = 0
     #: Requests dropped because their scope does not allow their site.
     offsite: int = 0
+    #: Whether this node still holds the start claim the batch extended or ended.
+    start_held: bool = False
+    #: Positions in the batch's ``enqueue`` of the duplicates, when asked.
+    duplicate_at: list[int] = field(default_factory=list)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -91,6 +99,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
         lease_ms: int,
         limits: SiteLimits,
         max_deliveries: int = 3,
+        seeds_as_set: bool = False,
     ) -> None:
         self.server = server
         self.spider = spider
@@ -100,10 +109,12 @@ class LeasedQueue(Base):  # type: ignore[misc]
         self.lease_ms = lease_ms
         self.limits = limits
         self.max_deliveries = max_deliveries
+        self.seeds_as_set = seeds_as_set
         self.member_prefix = node_id.encode() + b"\n"
-        self._scripts = {name: lua.load(name) for name in ("step", "release")}
+        self._scripts = {name: lua.load(name) for name in ("step", "release", "start")}
         self._step = server.register_script(self._scripts["step"].source)
         self._release = server.register_script(self._scripts["release"].source)
+        self._start = server.register_script(self._scripts["start"].source)
 
     def _encode_request(self, request: Request, **extra: Any) -> bytes:
         return encode_request(request, self.spider, **extra)
@@ -120,6 +131,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
             "seed_want": batch.seed_want,
             "maintain": batch.maintain,
             "max_deliveries": self.max_deliveries,
+            "seeds_set": self.seeds_as_set,
             "limits": {
                 "rate": lim.rate,
                 "concurrency": lim.concurrency,
@@ -139,6 +151,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 "latency": len(batch.latency),
             },
         }
+        if batch.start is not None:
+            options["start"] = batch.start
+        if batch.list_dupes:
+            options["list_dupes"] = True
         return json.dumps(options, separators=(",", ":")).encode()
 
     async def step(self, batch: StepBatch) -> StepResult:
@@ -159,7 +175,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
         keys = self._scripts["step"].keys_from(self.keys)
         reply = await self._step(keys=keys, args=argv)
         added, dupes, leased, seeds, reaped, promoted, counts, wake, poisoned, stale, offsite = (
-            reply
+            reply[:11]
         )
         return StepResult(
             added=int(added),
@@ -176,14 +192,25 @@ class LeasedQueue(Base):  # type: ignore[misc]
             seeds=list(seeds),
             reaped=int(reaped),
             promoted=int(promoted),
-            counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]))
+            counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]), int(counts[4]))
             if counts
             else None,
             next_wake_ms=None if wake is None else int(wake),
             poisoned=list(poisoned),
             stale=int(stale),
             offsite=int(offsite),
+            start_held=bool(reply[11]),
+            duplicate_at=[int(i) for i in reply[12]],
         )
+
+    async def claim_start(self, *, new_crawl: bool) -> str:
+        """Ask for the spider's start() (lua/start.lua): ``claimed``, ``running`` or ``done``."""
+        options = json.dumps(
+            {"node": self.node_id, "lease_ms": self.lease_ms, "new_crawl": new_crawl}
+        )
+        keys = self._scripts["start"].keys_from(self.keys)
+        reply = await self._start(keys=keys, args=[options])
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
 
     async def release(self, members: list[bytes]) -> int:
         """Give leases back to the queue at once (clean shutdown)."""
@@ -198,7 +225,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
     def seed_member(self, raw: bytes) -> bytes:
         """The in-flight member under which this node holds the raw seed *raw*."""
-        return self.member_prefix + b"S" + raw
+        return self.member_prefix + (b"T" if self.seeds_as_set else b"S") + raw
 
     def __len__(self) -> int:
         raise TypeError("LeasedQueue has no cheap length: see project.monitoring.status")

@@ -8,15 +8,17 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
+from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import DownloadCancelledError, IgnoreRequest
+from scrapy.utils.response import response_status_message
 
 from project.frontier.config import RetryConfig
-from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY
+from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
 
 if TYPE_CHECKING:
     from typing import Self
 
-    from scrapy import Request
+    from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.statscollectors import StatsCollector
@@ -55,13 +57,20 @@ def _retriable(request: Request) -> bool:
 class RetryPolicy:
     """What becomes of a leased request that failed: a retry through Redis, or a dead letter.
 
-    Its outcome goes into ``request.meta[OUTCOME_META_KEY]``; the frontier settles
-    the lease by it once the request has left the engine.
+    Retries are Scrapy's (``get_retry_request``: ``RETRY_TIMES`` or meta
+    ``max_retry_times``, ``RETRY_PRIORITY_ADJUST`` or meta ``priority_adjust``, the
+    ``retry/count``, ``retry/reason_count/<reason>`` and ``retry/max_reached`` stats);
+    the retry copy waits in Redis for its not-before time instead of in this process.
+    Its outcome goes into ``request.meta[OUTCOME_META_KEY]``; the frontier settles the
+    lease by it once the request has left the engine.
     """
 
-    def __init__(self, config: RetryConfig, stats: StatsCollector, maxsize: int = 0) -> None:
+    def __init__(
+        self, config: RetryConfig, stats: StatsCollector, crawler: Crawler, maxsize: int = 0
+    ) -> None:
         self.config = config
         self.stats = stats
+        self.crawler = crawler
         self.maxsize = maxsize
 
     @classmethod
@@ -69,7 +78,10 @@ class RetryPolicy:
         assert crawler.stats is not None
         settings = crawler.settings
         return cls(
-            RetryConfig.from_settings(settings), crawler.stats, settings.getint("DOWNLOAD_MAXSIZE")
+            RetryConfig.from_settings(settings),
+            crawler.stats,
+            crawler,
+            settings.getint("DOWNLOAD_MAXSIZE"),
         )
 
     def why(self, request: Request, exception: Exception) -> str:
@@ -79,18 +91,38 @@ class RetryPolicy:
             return f"larger than DOWNLOAD_MAXSIZE ({limit} bytes), or stopped"
         return "no message"
 
-    def retry(self, request: Request, error: str, at_least: float) -> None:
-        retries = int(request.meta.get("retry_times", 0))
-        if retries < self.config.max_retries:
-            delay = max(
-                at_least, backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
-            )
-            request.meta["retry_times"] = retries + 1
-            request.meta[OUTCOME_META_KEY] = {"action": "retry", "delay": delay, "error": error}
-            self.stats.inc_value("frontier/retry/count")
-            self.stats.inc_value(f"frontier/retry/reason/{error.split(':')[0]}")
-            return
-        self.give_up(request, error, "max_reached")
+    def retry(
+        self, request: Request, error: str, at_least: float, reason: str | Exception | None = None
+    ) -> Request | None:
+        """The retry copy of *request* to return to the engine, or None: a dead letter then."""
+        spider: Spider | None = self.crawler.spider
+        assert spider is not None
+        max_times = request.meta.get("max_retry_times")
+        copy = get_retry_request(
+            request,
+            spider=spider,
+            reason=reason if reason is not None else error,
+            max_retry_times=self.config.max_retries if max_times is None else int(max_times),
+            priority_adjust=request.meta.get("priority_adjust", self.config.priority_adjust),
+            logger=logger,
+        )
+        if copy is None:
+            self.give_up(request, error, "max_reached")
+            return None
+        retries = int(copy.meta["retry_times"]) - 1
+        delay = max(
+            at_least, backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
+        )
+        copy.meta[RETRY_COPY_META_KEY] = True
+        request.meta[OUTCOME_META_KEY] = {
+            "action": "retry",
+            "delay": delay,
+            "error": error,
+            "request": copy,
+        }
+        self.stats.inc_value("frontier/retry/count")
+        self.stats.inc_value(f"frontier/retry/reason/{error.split(':')[0]}")
+        return copy
 
     def give_up(self, request: Request, error: str, why: str) -> None:
         attempts = int(request.meta.get("retry_times", 0)) + 1
@@ -107,10 +139,11 @@ class RetryPolicy:
 class FrontierRetryMiddleware:
     """Replaces Scrapy's RetryMiddleware for frontier-scheduled requests.
 
-    A transient failure is not retried in this process: the request goes
-    back to Redis with a not-before time, so no node sleeps on it and any
-    node may take it. After ``FRONTIER_RETRY_TIMES`` retries it becomes a
-    dead letter (``<spider>:dead``).
+    A transient failure (``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``) is not retried
+    in this process: Scrapy's retry copy goes back to Redis with a not-before time, so
+    no node sleeps on it and any node may take it; the spider's errback is not called
+    for it. After ``RETRY_TIMES`` retries the request becomes a dead letter
+    (``<spider>:dead``), and the errback (or callback) sees the last failure.
     """
 
     def __init__(self, policy: RetryPolicy) -> None:
@@ -122,36 +155,33 @@ class FrontierRetryMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(RetryPolicy.from_crawler(crawler))
 
-    def process_response(self, request: Request, response: Response) -> Response:
+    def process_response(self, request: Request, response: Response) -> Request | Response:
         if not _retriable(request) or response.status not in self.config.http_codes:
             return response
         wait = retry_after(response) if response.status in (429, 503) else 0.0
         error = f"HTTP {response.status}"
+        copy = None
         if wait > self.config.retry_after_max_wait:
             # Waiting that long would hold the crawl open: a dead letter now, with the reason.
             self.policy.give_up(
                 request, f"{error} with Retry-After {wait:.0f}s", "retry_after_too_long"
             )
         else:
-            self.policy.retry(request, error, wait)
+            copy = self.policy.retry(request, error, wait, response_status_message(response.status))
         if wait:
             # The whole fleet holds off this site, not only this request, but never for
             # long: a site that still says wait is asked again after the pause.
             request.meta[OUTCOME_META_KEY]["pause"] = min(wait, self.config.retry_after_max_pause)
             self.stats.inc_value("frontier/retry_after")
-        if request.meta[OUTCOME_META_KEY]["action"] == "retry":
-            raise IgnoreRequest(f"retry scheduled after HTTP {response.status}")
-        return response
+        return copy or response
 
-    def process_exception(self, request: Request, exception: Exception) -> None:
+    def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if not _retriable(request) or isinstance(exception, IgnoreRequest):
-            return  # not ours, or dropped on purpose (robots.txt, offsite)
+            return None  # not ours, or dropped on purpose (robots.txt, offsite)
         error = f"{type(exception).__name__}: {str(exception)[:300] or self.policy.why(request, exception)}"
         if not isinstance(exception, self.config.exceptions):
             # Not transient (a page over DOWNLOAD_MAXSIZE, a response that cannot be
             # handled): a retry would fail alike, and an ack would lose the URL.
             self.policy.give_up(request, error, "not_retried")
-            return
-        self.policy.retry(request, error, 0.0)
-        if request.meta[OUTCOME_META_KEY]["action"] == "retry":
-            raise IgnoreRequest(f"retry scheduled after {type(exception).__name__}") from exception
+            return None
+        return self.policy.retry(request, error, 0.0, exception)

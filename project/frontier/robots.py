@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio
 from redis.exceptions import LockError, RedisError
 from scrapy import signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import NotConfigured
-from scrapy.http import Response
+from scrapy.responsetypes import responsetypes
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
@@ -35,9 +34,11 @@ from project.frontier.sites import SiteResolver, site_of
 if TYPE_CHECKING:
     from typing import Self
 
+    import redis.asyncio
     from redis.asyncio.lock import Lock
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from scrapy.robotstxt import RobotParser
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
@@ -80,10 +81,12 @@ class RobotsConfig:
 
 
 def _is_robots_fetch(request: Request) -> bool:
-    # What RobotsTxtMiddleware downloads: /robots.txt, marked not to obey itself.
-    return bool(request.meta.get("dont_obey_robotstxt")) and (
-        urlparse_cached(request).path == "/robots.txt"
-    )
+    # What RobotsTxtMiddleware downloads (/robots.txt, marked not to obey itself), or a
+    # spider's own GET of it (SitemapSpider reads its Sitemap: lines): the same fleet copy.
+    parts = urlparse_cached(request)
+    if parts.path != "/robots.txt" or parts.query:
+        return False
+    return bool(request.meta.get("dont_obey_robotstxt")) or request.method == "GET"
 
 
 class RobotsCacheMiddleware:
@@ -94,6 +97,7 @@ class RobotsCacheMiddleware:
         self.crawler = crawler
         self.config = config
         self.redis_url = frontier.redis_url
+        self._frontier = frontier
         ip_mode = frontier.site_key == "ip"
         self._resolver = SiteResolver(frontier.site_ip_ttl) if ip_mode else None
         self.stats: StatsCollector = crawler.stats
@@ -116,7 +120,7 @@ class RobotsCacheMiddleware:
         return middleware
 
     def spider_opened(self, spider: Spider) -> None:
-        self._server = redis.asyncio.from_url(self.redis_url)
+        self._server = self._frontier.client()
         self._keys = FrontierKeys.from_settings(self.crawler.settings, spider.name)
 
     async def spider_closed(self, spider: Spider) -> None:
@@ -195,7 +199,9 @@ class RobotsCacheMiddleware:
         if not fresh:
             return None
         self.stats.inc_value("robotstxt/shared_hits")
-        return Response(request.url, status=status, body=body, flags=[CACHED_FLAG], request=request)
+        # text, as the site would serve it: a spider reads response.text
+        cls = responsetypes.from_args(url=request.url, body=body)
+        return cls(request.url, status=status, body=body, flags=[CACHED_FLAG], request=request)
 
     async def robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
         """Crawl-delay caps the site's fleet-wide rate at one request per delay."""

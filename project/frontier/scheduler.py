@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
+from weakref import WeakKeyDictionary
 
-import redis.asyncio
+import scrapy.dupefilters
+import scrapy_redis.dupefilter
 from redis.exceptions import AuthenticationError, RedisError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.python import global_object_name
 from scrapy_redis.scheduler import Scheduler
+from scrapy_redis.spiders import RedisMixin
 
+from project.frontier.admin import site_queue_pattern
 from project.frontier.config import FrontierConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import FrontierKeys, KeyTemplates
 from project.frontier.layout import ensure_layout
-from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY, SEED_META_KEY, FrontierLoop
+from project.frontier.loop import (
+    LEASE_META_KEY,
+    OUTCOME_META_KEY,
+    RETRY_COPY_META_KEY,
+    SEED_META_KEY,
+    FrontierLoop,
+)
 from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
 from project.frontier.sites import (
@@ -30,6 +43,7 @@ from project.frontier.sites import (
     site_of,
     url_refusal,
 )
+from project.frontier.spiders import has_own_seeds, seed_key
 from project.frontier.wire import UnserializableRequestError, encode_request
 from project.storage.deadletters import DeadLetterSink
 from project.utils import mask_url
@@ -44,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["FleetScheduler"]
 
 logger = logging.getLogger(__name__)
+
+_schedulers: WeakKeyDictionary[Crawler, FleetScheduler] = WeakKeyDictionary()
 
 
 class FleetScheduler(Scheduler):  # type: ignore[misc]
@@ -69,6 +85,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.loop: FrontierLoop | None = None
         #: Why this node cannot work (a close reason), once it knows.
         self.fatal: str | None = None
+        self._ready = asyncio.Event()  # set once the frontier runs (the loop has started)
+        _schedulers[crawler] = self
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -76,6 +94,11 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return cls(
             crawler, FrontierConfig.from_settings(settings), KeyTemplates.from_settings(settings)
         )
+
+    @staticmethod
+    def of(crawler: Crawler) -> FleetScheduler | None:
+        """The crawler's fleet scheduler, once the engine made it (None with another one)."""
+        return _schedulers.get(crawler)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -86,11 +109,19 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         # No I/O here: Redis is first asked once every component is open (_connect),
         # so a node that cannot reach it closes cleanly, with one line saying why.
         self.spider = spider
-        config = self.config
-        self.server = redis.asyncio.from_url(
-            config.redis_url, socket_timeout=30, socket_connect_timeout=10
-        )
-        self.keys = FrontierKeys.for_spider(spider.name, self.templates)
+        config = self.config = self.config.for_spider(spider)
+        self.server = config.client(socket_timeout=30, socket_connect_timeout=10)
+        keys = FrontierKeys.for_spider(spider.name, self.templates)
+        self.keys = dataclasses.replace(keys, start_urls=seed_key(spider, keys.start_urls))
+        domains = getattr(spider, "allowed_domains", None)
+        if domains is not None and not isinstance(domains, list | tuple | set | frozenset | str):
+            # scrapy-redis' example project sets filter(None, ...): Scrapy 2.19's
+            # OffsiteMiddleware iterates it twice and would then refuse every request.
+            spider.allowed_domains = [domain for domain in domains if domain]
+        if isinstance(spider, RedisMixin):
+            # scrapy-redis' RedisMixin pops seeds itself when idle, past the leases, and
+            # decides alone when to close: the frontier does both for the fleet.
+            self.crawler.signals.disconnect(spider.spider_idle, signal=signals.spider_idle)
         self.queue = LeasedQueue(
             self.server,
             spider,
@@ -99,8 +130,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             int(config.lease_seconds * 1000),
             config.limits,
             config.max_deliveries,
+            seeds_as_set=config.seeds_as_set,
         )
-        self.df = FleetDupeFilter.from_crawler(self.crawler)
+        self.df, self._local_filter, self._filtering = self._dupefilters()
         self.loop = FrontierLoop(
             self.crawler, spider, config, self.queue, DeadLetterSink.from_crawler(self.crawler)
         )
@@ -112,17 +144,44 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.crawler.signals.connect(self._on_item_error, signal=signals.item_error)
         self.crawler.signals.connect(self._exit_status, signal=signals.spider_closed)
 
+    def _dupefilters(self) -> tuple[FleetDupeFilter, Any, bool]:
+        """The seen-set, a node-local filter of the project's own (if any), and whether to filter.
+
+        ``DUPEFILTER_CLASS`` (or scrapy-redis' ``SCHEDULER_DUPEFILTER_CLASS``): a
+        FleetDupeFilter subclass is the fleet's seen-set, its ``fingerprint`` used; Scrapy's
+        and scrapy-redis' RFPDupeFilter mean the fleet's seen-set; Scrapy's BaseDupeFilter
+        means no filtering (every request is queued, its URL still marked seen); any other
+        class is asked ``request_seen`` on this node before the fleet's seen-set is.
+        """
+        settings = self.crawler.settings
+        path = settings.get("SCHEDULER_DUPEFILTER_CLASS") or settings.get("DUPEFILTER_CLASS")
+        cls = load_object(path) if isinstance(path, str) else path
+        if isinstance(cls, type) and issubclass(cls, FleetDupeFilter):
+            return build_from_crawler(cls, self.crawler), None, True
+        fleet = FleetDupeFilter.from_crawler(self.crawler)
+        if cls in (scrapy_redis.dupefilter.RFPDupeFilter, scrapy.dupefilters.RFPDupeFilter):
+            logger.info(
+                "DUPEFILTER_CLASS %s: the fleet's shared seen-set does its job",
+                global_object_name(cls),
+                extra={"spider": self.spider},
+            )
+            return fleet, None, True
+        if cls is scrapy.dupefilters.BaseDupeFilter:
+            return fleet, None, False
+        local = build_from_crawler(cls, self.crawler)
+        if hasattr(local, "open"):
+            local.open()
+        logger.info(
+            "DUPEFILTER_CLASS %s filters on this node, then the fleet's seen-set",
+            global_object_name(cls),
+            extra={"spider": self.spider},
+        )
+        return fleet, local, True
+
     async def _connect(self, spider: Spider) -> None:
         """Reach Redis and start the frontier; if it cannot work, say why and close."""
         config = self.config
         where = mask_url(config.redis_url)
-        if not hasattr(spider, "request_from_seed"):
-            self._fail(
-                "not_a_fleet_spider",
-                "%s must extend project.frontier.spiders.FleetSpider to be scheduled by"
-                " FleetScheduler",
-                type(spider).__name__,
-            )
         try:
             await self._ping()
         except AuthenticationError as exc:
@@ -143,13 +202,17 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 exc,
             )
         logger.info(
-            "Frontier node %s on %s (queue %s, lease %.0fs)",
+            "Frontier node %s on %s (queue %s, seeds %s%s, lease %.0fs)",
             self.node_id,
             where,
             self.keys.queue,
+            self.keys.start_urls,
+            " as a set" if config.seeds_as_set else "",
             config.lease_seconds,
             extra={"spider": spider},
         )
+        if not has_own_seeds(spider):
+            logger.debug("%s reads no seeds of its own", type(spider).__name__)
         await ensure_layout(self.server, self.keys)
         # "*" records this fleet's defaults for status readers; the Lua
         # scripts take the defaults from each node's own settings.
@@ -165,6 +228,24 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             await self.server.sadd(self.keys.allowed, *allowed)
         assert self.loop is not None
         self.loop.start()
+        self._ready.set()
+
+    async def claim_start(self, *, new_crawl: bool) -> str | None:
+        """Ask the fleet whether this node runs the spider's start() (lua/start.lua).
+
+        ``claimed``: run it now (the loop extends the claim, :meth:`FrontierLoop.end_start`
+        ends it); ``running``: another node does; ``done``: it ran for this crawl. None
+        when this node never reached Redis.
+        """
+        while not self._ready.is_set():
+            if self.fatal is not None:
+                return None
+            await asyncio.sleep(0.05)
+        assert self.loop is not None
+        state = await self.queue.claim_start(new_crawl=new_crawl)
+        if state == "claimed":
+            self.loop.begin_start()
+        return state
 
     async def _ping(self) -> None:
         """PING until it answers, for at most FRONTIER_CONNECT_TIMEOUT seconds."""
@@ -208,29 +289,82 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             await self.loop.stop()
             self.loop.dead_sink.kick()
             await self.loop.dead_sink.close()
+            if reason == "finished" and not self.config.persist:
+                await self._flush_frontier()
+        if self._local_filter is not None and hasattr(self._local_filter, "close"):
+            self._local_filter.close(reason)
         await self.server.aclose()
+
+    async def _flush_frontier(self) -> None:
+        """SCHEDULER_PERSIST = False: the fleet's crawl is over, so its queue and seen-set go.
+
+        Dead letters stay for inspection (``fleetcrawl failures``), as do node records.
+        """
+        try:
+            pattern = site_queue_pattern(self.keys)
+            doomed = [key async for key in self.server.scan_iter(match=pattern, count=1000)]
+            doomed += [key for key in self.keys.frontier() if key != self.keys.dead]
+            for start in range(0, len(doomed), 1000):
+                await self.server.delete(*doomed[start : start + 1000])
+        except RedisError as exc:
+            logger.error("SCHEDULER_PERSIST is off but the frontier stays: %s", exc)
+            return
+        logger.info(
+            "SCHEDULER_PERSIST is off: deleted the finished crawl's queue and seen-set (%d keys)",
+            len(doomed),
+            extra={"spider": self.spider},
+        )
 
     # -- engine interface (no I/O) -----------------------------------------
 
     def enqueue_request(self, request: Request) -> bool:
         assert self.loop is not None
-        # A redirect or retry of a request this node holds: its lease is
-        # settled when the original leaves the engine.
+        if request.meta.pop(RETRY_COPY_META_KEY, False):
+            # Scrapy's retry request (get_retry_request): it goes back through Redis
+            # with the lease of the request it copies (project/frontier/retry.py).
+            return True
+        # A redirect of a request this node holds: its lease is settled when the
+        # original leaves the engine.
         request.meta.pop(LEASE_META_KEY, None)
         seed = request.meta.pop(SEED_META_KEY, False)
         refusal = url_refusal(request.url)
         if refusal is not None:
             return self._refuse(request, refusal)
+        local = self._local_filter
+        if local is not None and not request.dont_filter and local.request_seen(request):
+            local.log(request, self.spider)
+            return False
         try:
             payload = encode_request(request, self.spider, id=os.urandom(6).hex())
         except UnserializableRequestError:
             self.stats.inc_value("frontier/unserializable")
             raise
         # Requests that skip the filter still mark their URL as seen.
-        fp = (b"m" if request.dont_filter else b"f") + self.df.fingerprint(request)
-        site = site_of(request.url)
-        self.loop.buffer(fp, site, request.priority, payload, self._scope(request, site, seed))
+        mode = b"m" if request.dont_filter or not self._filtering else b"f"
+        url_site = site_of(request.url)
+        site = self._slot_of(request) or url_site
+        scope = self._scope(request, url_site, seed)
+        if site != url_site and scope in ("+", "="):
+            scope += url_site  # the slot is the politeness unit; the host is still the scope's
+        self.loop.buffer(
+            mode + self.df.fingerprint(request), site, request.priority, payload, scope
+        )
+        self.stats.inc_value("scheduler/enqueued")
+        self.stats.inc_value("scheduler/enqueued/redis")
         return True
+
+    def _slot_of(self, request: Request) -> str | None:
+        """A ``download_slot`` the spider gave the request: the fleet's politeness unit then.
+
+        Not the one Scrapy's downloader writes into the meta of every request it
+        downloads (a redirect copies it), and not when sites are keyed by IP.
+        """
+        slot = request.meta.get("download_slot")
+        if not isinstance(slot, str) or not slot or self.config.site_key == "ip":
+            return None
+        if "redirect_urls" in request.meta or "retry_times" in request.meta:
+            return None
+        return slot[:200].lower()
 
     def _scope(self, request: Request, site: str, seed: bool) -> str:
         """Where *request* may go (see lua/step/enqueue.lua): only the crawl's sites by default."""
@@ -283,7 +417,12 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return  # one failed item decides for the page
         self.stats.inc_value("frontier/item_errors")
         error = getattr(failure, "value", failure)
-        self._retry.retry(request, f"item not stored: {type(error).__name__}: {error}"[:300], 0.0)
+        self._retry.retry(
+            request,
+            f"item not stored: {type(error).__name__}: {error}"[:300],
+            0.0,
+            "item_not_stored",
+        )
 
     def _on_response(self, response: Any, request: Request) -> None:
         latency = request.meta.get("download_latency")

@@ -41,6 +41,8 @@ class Seed:
     method: str = "GET"
     headers: dict[str, Any] = field(default_factory=dict)
     body: str = ""
+    #: scrapy-redis' seeds: the fields it does not know are form data (a ``FormRequest``).
+    formdata: dict[str, str | list[str]] = field(default_factory=dict)
 
 
 def preview(raw: bytes, limit: int = 200) -> str:
@@ -68,7 +70,7 @@ def _check_url(url: Any) -> str:
     return text
 
 
-def _from_json(text: str) -> Seed:
+def _from_json(text: str, formdata: bool) -> Seed:
     try:
         # as the node reads payloads: page methods in meta are rebuilt, and checked, here
         doc = loads(text)
@@ -83,8 +85,18 @@ def _from_json(text: str) -> Seed:
     if not isinstance(doc, dict):
         raise InvalidSeed("json", "a JSON seed must be an object")
     unknown = sorted(set(doc) - _FIELDS)
-    if unknown:
+    form: dict[str, str | list[str]] = {}
+    if unknown and not formdata:
         raise InvalidSeed("field", f"unknown field(s) {', '.join(unknown)}")
+    for name in unknown:
+        value = doc[name]
+        if not isinstance(value, str) and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            raise InvalidSeed(
+                "field", f"form field {name[:40]!r} must be a string or a list of strings"
+            )
+        form[name] = value
     priority = doc.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidSeed("priority", "priority must be an integer")
@@ -122,21 +134,30 @@ def _from_json(text: str) -> Seed:
         method=method.upper(),
         headers=headers,
         body=body,
+        formdata=form,
     )
 
 
-def parse_seed(raw: bytes, max_bytes: int) -> Seed:
-    """Validate one raw seed: a plain URL or a JSON object."""
+def parse_seed(
+    raw: bytes, max_bytes: int, *, encoding: str = "utf-8", formdata: bool = False
+) -> Seed:
+    """Validate one raw seed: a plain URL or a JSON object.
+
+    *encoding* decodes it (scrapy-redis' ``REDIS_ENCODING``); with *formdata*, the fields
+    of a JSON seed that are not a request's are form data, as scrapy-redis reads them.
+    """
     if len(raw) > max_bytes:
         raise InvalidSeed("too_large", f"seed of {len(raw)} bytes exceeds {max_bytes}")
     try:
-        text = raw.decode("utf-8").strip()
+        text = raw.decode(encoding).strip()
     except UnicodeDecodeError as exc:
-        raise InvalidSeed("encoding", f"seed is not valid UTF-8 ({exc.reason})") from exc
+        raise InvalidSeed("encoding", f"seed is not valid {encoding} ({exc.reason})") from exc
+    except LookupError as exc:
+        raise InvalidSeed("encoding", f"unknown REDIS_ENCODING {encoding!r}") from exc
     if not text:
         raise InvalidSeed("empty", "empty seed")
     if text.startswith("{"):
-        return _from_json(text)
+        return _from_json(text, formdata)
     if any(ch.isspace() for ch in text):
         raise InvalidSeed("url", "a plain seed must be one URL without spaces")
     return Seed(url=_check_url(text))

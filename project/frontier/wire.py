@@ -37,12 +37,12 @@ __all__ = [
 #: Meta keys that only make sense inside one process and are not sent.
 NODE_LOCAL_META = frozenset(
     {
-        "download_slot",
         "download_latency",
         "download_timeout",
         "_frontier_outcome",
         "_frontier_lease",
         "_frontier_seed",
+        "_frontier_retry_copy",
     }
 )
 
@@ -117,9 +117,10 @@ def allow_request_class(cls: type[Request]) -> None:
 
 # Modules of the spider base classes (Scrapy's, scrapy-redis', the fleet's): their
 # methods are machinery (close, _set_crawler, start, ...), not callbacks, except
-# these: parse, and the two CrawlSpider sends its rules' requests to.
+# these: parse, the two CrawlSpider sends its rules' requests to, and the one
+# SitemapSpider reads robots.txt and sitemaps with.
 _FRAMEWORK_MODULES = ("scrapy.", "scrapy_redis.", "project.")
-_FRAMEWORK_CALLBACKS = frozenset({"parse", "_callback", "_errback"})
+_FRAMEWORK_CALLBACKS = frozenset({"parse", "_callback", "_errback", "_parse_sitemap"})
 
 
 def _is_callback(spider: Spider, name: str) -> bool:

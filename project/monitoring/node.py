@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio
 from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Self
 
+    import redis.asyncio
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
@@ -165,10 +165,16 @@ class NodeMonitor:
         self._scheduler = scheduler
         # FleetScheduler's id is the one its leases are held under.
         self.node_id = str(getattr(scheduler, "node_id", None) or self.node_id)
-        self.keys = FrontierKeys.from_settings(self.crawler.settings, spider.name)
+        # The scheduler's keys know the spider's own redis_key.
+        keys = getattr(scheduler, "keys", None)
+        self.keys = (
+            keys
+            if isinstance(keys, FrontierKeys)
+            else FrontierKeys.from_settings(self.crawler.settings, spider.name)
+        )
         self._journal_dir = self._find_journal(spider.name)
-        self._server = redis.asyncio.from_url(
-            self.config.redis_url, socket_timeout=10, socket_connect_timeout=5
+        self._server = FrontierConfig.from_settings(self.crawler.settings).client(
+            socket_timeout=10, socket_connect_timeout=5
         )
         self._script = self._server.register_script(_HEARTBEAT.source)
         self._task = asyncio.get_running_loop().create_task(self._run())

@@ -44,6 +44,11 @@ __all__ = [
 PRIORITY_BAND = 10_000_000_000
 #: Sites a status lists, most queued and in flight first; the others are only counted.
 SITES_LISTED = 20
+#: Seeds waiting: a list, or a set with REDIS_START_URLS_AS_SET.
+_SEED_COUNT = (
+    "if redis.call('TYPE', KEYS[1]).ok == 'set' then return redis.call('SCARD', KEYS[1]) end"
+    " return redis.call('LLEN', KEYS[1])"
+)
 #: Sites read from each index (ready, throttled, lease counts) per status at most.
 SITES_SCANNED = 10_000
 #: Priorities counted in each listed site's queue (a queue rarely holds more).
@@ -163,7 +168,7 @@ def frontier_snapshot(
     pipe.zrange(keys.inflight, 0, -1)
     pipe.scard(keys.dupefilter)
     pipe.memory_usage(keys.dupefilter)
-    pipe.llen(keys.start_urls)
+    pipe.eval(_SEED_COUNT, 1, keys.start_urls)
     pipe.llen(keys.dead)
     pipe.zrange(keys.queue, 0, SITES_SCANNED - 1)
     pipe.zcard(keys.queue)

@@ -41,6 +41,9 @@ class ShopConfig:
     huge_bytes: int = 30_000_000
     #: How long the hostile never-ending page stalls before the shop closes it.
     stall_seconds: float = 60.0
+    #: Books of the book site (``/books/``) and articles of the article site (``/articles/``).
+    books: int = 300
+    articles: int = 60
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready copy, as shown in ``/_stats``."""
@@ -141,6 +144,13 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_duration,
         default=60.0,
         help="how long /hostile/stall sends nothing before the shop closes it",
+    )
+    add("--books", type=_count, default=300, help="books under /books/ (default: %(default)s)")
+    add(
+        "--articles",
+        type=_count,
+        default=60,
+        help="articles under /articles/ (default: %(default)s)",
     )
     return parser
 

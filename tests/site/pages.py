@@ -210,7 +210,53 @@ def render_product(product: Product, base_url: str) -> str:
         script = _JS_RENDERER.replace("BLOB", blob)
         body = f'<div id="app"></div>\n<script>\n{script}</script>'
         return _document("Loading...", body, head)
+    head += _product_json_ld(product, base_url)
     return _document(product.name, f'<div id="app">\n{_product_markup(product)}</div>', head)
+
+
+#: schema.org's names for the catalogue's stock statuses.
+_SCHEMA_AVAILABILITY: dict[str, str] = {
+    "in stock": "https://schema.org/InStock",
+    "out of stock": "https://schema.org/OutOfStock",
+}
+
+
+def _product_json_ld(product: Product, base_url: str) -> str:
+    """schema.org ``Product`` and ``BreadcrumbList`` scripts: the same data as the markup (a
+    malformed product's offer has the same missing or garbage price as its page)."""
+    url = base_url + product.url
+    offer: dict[str, object] = {"@type": "Offer", "url": url}
+    if product.page_price is not None:
+        offer["price"] = product.page_price
+    offer["priceCurrency"] = product.currency
+    offer["availability"] = _SCHEMA_AVAILABILITY[product.availability]
+    data = {
+        "@context": "https://schema.org",
+        "@type": "Product",
+        "name": product.name,
+        "sku": product.sku,
+        "description": product.description,
+        "image": [base_url + src for src in product.images],
+        "url": url,
+        "offers": offer,
+    }
+    crumbs = {
+        "@context": "https://schema.org",
+        "@type": "BreadcrumbList",
+        "itemListElement": [
+            {"@type": "ListItem", "position": i, "name": c["name"], "item": base_url + c["href"]}
+            for i, c in enumerate(_breadcrumb(product), start=1)
+        ],
+    }
+    return "".join(
+        f'<script type="application/ld+json">{_script_json(block)}</script>\n'
+        for block in (data, crumbs)
+    )
+
+
+def _script_json(data: object) -> str:
+    # "<" escaped, so no text of the product can close the script element.
+    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
 
 
 def _product_data(product: Product) -> dict[str, object]:
@@ -295,14 +341,19 @@ _JS_RENDERER = """(function () {
 """
 
 
-def render_robots(crawl_delay: float | None, disallow: list[str]) -> str:
-    """robots.txt for every user agent; without options it allows everything."""
+def render_robots(
+    crawl_delay: float | None, disallow: list[str], sitemap: str | None = None
+) -> str:
+    """robots.txt for every user agent; without options it allows everything. *sitemap* is
+    the absolute URL of the sitemap index, named on a ``Sitemap:`` line after a blank one."""
     lines = ["User-agent: *"]
     if crawl_delay is not None:
         lines.append(f"Crawl-delay: {crawl_delay:g}")
     lines.extend(f"Disallow: {path}" for path in disallow)
     if not disallow:
         lines.append("Disallow:")
+    if sitemap is not None:
+        lines += ["", f"Sitemap: {sitemap}"]
     return "\n".join(lines) + "\n"
 
 

@@ -10,14 +10,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self, cast
 
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from tests.site.api import CATEGORIES_PATH, MAX_BODY_BYTES, PRODUCTS_PATH, CatalogueApi
+from tests.site.articles import generate_journal
+from tests.site.books import generate_library
 from tests.site.catalogue import KINDS, generate_catalogue
 from tests.site.hostile import HugeBody, stall
 from tests.site.pages import (
@@ -33,9 +37,12 @@ from tests.site.pages import (
     render_robots,
     render_root,
 )
+from tests.site.reply import HTML, JSON, TEXT, Reply
+from tests.site.sitemaps import INDEX_PATH, Sitemaps
 from tests.site.stats import ShopStats
 
 if TYPE_CHECKING:
+    from email.message import Message
     from types import TracebackType
 
     from twisted.internet.base import DelayedCall
@@ -43,27 +50,20 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from twisted.web.server import Request
 
+    from tests.site.articles import Journal
+    from tests.site.books import Library
     from tests.site.catalogue import Catalogue
     from tests.site.config import ShopConfig
 
-__all__ = ["ShopResource", "ShopServer", "run"]
+__all__ = ["Fetched", "ShopResource", "ShopServer", "run"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _PRODUCT_PATH = re.compile(r"/product/(\d+)")
 _CATEGORY_PATH = re.compile(r"/category/([a-z0-9-]+)")
 _IMAGE_PATH = re.compile(r"/img/(\d+)-(\d+)\.jpg")
 _HOSTILE_NAMES = {path: name for name, path in HOSTILE_PAGES.items()}
-_HTML = b"text/html; charset=utf-8"
-_JSON = b"application/json"
-
-
-@dataclass
-class _Reply:
-    status: int
-    body: bytes
-    content_type: bytes = _HTML
-    headers: dict[bytes, bytes] = field(default_factory=dict)
-    extra_delay: float = 0.0
+#: Path prefixes of the sections beyond the shop (:meth:`ShopResource._section`).
+_SECTIONS = ("/api/", "/sitemap", "/articles/", "/books/")
 
 
 class ShopResource(Resource):
@@ -78,10 +78,14 @@ class ShopResource(Resource):
         self._clock = clock
         self._stats = ShopStats()
         self._root_html = render_root(catalogue).encode()
-        self._robots = render_robots(
-            config.robots_crawl_delay, list(config.robots_disallow)
+        # The book and article sites, the sitemaps and the API: nothing of the shop links them.
+        self._library = generate_library(config.books, config.seed)
+        self._journal = generate_journal(config.articles, config.seed)
+        self._sitemaps = Sitemaps(self._journal, self._library)
+        self._api = CatalogueApi(catalogue, config.page_size)
+        self._catalogue_json = json.dumps(
+            _catalogue_payload(catalogue, config.page_size, self._library, self._journal)
         ).encode()
-        self._catalogue_json = json.dumps(_catalogue_payload(catalogue, config.page_size)).encode()
         self._expected = {kind: catalogue.ids_of_kind(kind) for kind in KINDS}
         self._expected["slow"] = [p.id for p in catalogue.products if p.slow]
         self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
@@ -98,7 +102,7 @@ class ShopResource(Resource):
             self._stats.reset()
             return self._json(request, {"reset": True})
         if path == "/_catalogue":
-            request.setHeader(b"content-type", _JSON)
+            request.setHeader(b"content-type", JSON)
             return self._catalogue_json
 
         match = _PRODUCT_PATH.fullmatch(path)
@@ -115,11 +119,16 @@ class ShopResource(Resource):
         self._stats.record_status(reply.status)
         return self._respond(request, reply)
 
-    def _page(self, request: Request, path: str) -> _Reply:
+    def _page(self, request: Request, path: str) -> Reply:
         if path == "/":
-            return _Reply(200, self._root_html)
+            return Reply(200, self._root_html)
         if path == "/robots.txt":
-            return _Reply(200, self._robots, b"text/plain; charset=utf-8")
+            sitemap = _base_url(request) + INDEX_PATH
+            config = self._config
+            robots = render_robots(config.robots_crawl_delay, list(config.robots_disallow), sitemap)
+            return Reply(200, robots.encode(), TEXT)
+        if path.startswith(_SECTIONS) and (reply := self._section(request, path)) is not None:
+            return reply
         if match := _CATEGORY_PATH.fullmatch(path):
             category = self._catalogue.category(match.group(1))
             page = _int_arg(request, b"page", default=1)
@@ -130,12 +139,38 @@ class ShopResource(Resource):
                 and 1 <= page <= category_pages(category, size)
             ):
                 html = render_listing(self._catalogue, category, page, size, self._hostile_links)
-                return _Reply(200, html.encode())
+                return Reply(200, html.encode())
         elif match := _IMAGE_PATH.fullmatch(path):
             product = self._catalogue.product(int(match.group(1)))
             if product is not None and 1 <= int(match.group(2)) <= len(product.images):
-                return _Reply(200, PNG, b"image/png")
-        return _Reply(404, render_error(404, "Not Found").encode())
+                return Reply(200, PNG, b"image/png")
+        return Reply(404, render_error(404, "Not Found").encode())
+
+    def _section(self, request: Request, path: str) -> Reply | None:
+        """The API, the sitemaps, the article and book sites; ``None`` for a 404."""
+        base_url = _base_url(request)
+        if path == CATEGORIES_PATH:
+            self._stats.api_hits["categories"] += 1
+            return self._api.categories(base_url)
+        if path == PRODUCTS_PATH:
+            body = request.content.read(MAX_BODY_BYTES + 1) if request.content else b""
+            reply, key = self._api.products(request.method, body, base_url)
+            if key is not None:
+                self._stats.api_hits[key] += 1
+            return reply
+        if (sitemap := self._sitemaps.render(path, base_url)) is not None:
+            return Reply(200, *sitemap)
+        if path.startswith("/articles/"):
+            html = self._journal.render(path)
+            if self._journal.article_at(path) is not None:
+                self._stats.article_hits[path] += 1
+        elif path.startswith("/books/"):
+            html = self._library.render(path)
+            if self._library.book_at(path) is not None:
+                self._stats.book_hits[path] += 1
+        else:
+            return None
+        return None if html is None else Reply(200, html.encode())
 
     def _hostile_name(self, path: str) -> str | None:
         if not self._config.hostile:
@@ -153,16 +188,16 @@ class ShopResource(Resource):
         self._stats.hostile[name] += 1
         if name in ("retry-after-huge", "retry-after-garbage"):
             value = b"99999999999" if name == "retry-after-huge" else b"soon"
-            reply = _Reply(503, render_error(503, "Service Unavailable").encode())
+            reply = Reply(503, render_error(503, "Service Unavailable").encode())
             reply.headers[b"retry-after"] = value
         elif name == "throttled":
-            reply = _Reply(429, render_error(429, "Too Many Requests").encode())
+            reply = Reply(429, render_error(429, "Too Many Requests").encode())
         elif name.startswith("stray:"):
-            reply = _Reply(404, render_error(404, "Not Found").encode())
+            reply = Reply(404, render_error(404, "Not Found").encode())
         else:
             head, tail = hostile_page_parts(name, _base_url(request))
             self._stats.record_status(200)
-            request.setHeader(b"content-type", _HTML)
+            request.setHeader(b"content-type", HTML)
             if name == "huge":
                 # No Content-Length: the client only learns the size by reading it.
                 HugeBody(request, head, tail, self._config.huge_bytes, self._stats).start()
@@ -174,14 +209,14 @@ class ShopResource(Resource):
         self._stats.record_status(reply.status)
         return self._respond(request, reply)
 
-    def _product(self, request: Request, product_id: int) -> _Reply:
+    def _product(self, request: Request, product_id: int) -> Reply:
         product = self._catalogue.product(product_id)
         if product is None:
-            return _Reply(404, render_error(404, "Not Found").encode())
+            return Reply(404, render_error(404, "Not Found").encode())
         extra = self._config.slow_ms / 1000.0 if product.slow else 0.0
         if self._stats.product_requests <= self._config.retry_after_burst:
             headers = {b"retry-after": str(self._config.retry_after).encode()}
-            return _Reply(
+            return Reply(
                 429,
                 render_error(429, "Too Many Requests").encode(),
                 headers=headers,
@@ -193,11 +228,11 @@ class ShopResource(Resource):
             product.kind == "flaky"
             and self._stats.flaky_fetches[product_id] <= self._config.flaky_failures
         ):
-            return _Reply(503, render_error(503, "Service Unavailable").encode(), extra_delay=extra)
+            return Reply(503, render_error(503, "Service Unavailable").encode(), extra_delay=extra)
         html = render_product(product, _base_url(request))
-        return _Reply(200, html.encode(), extra_delay=extra)
+        return Reply(200, html.encode(), extra_delay=extra)
 
-    def _respond(self, request: Request, reply: _Reply) -> bytes | int:
+    def _respond(self, request: Request, reply: Reply) -> bytes | int:
         request.setResponseCode(reply.status)
         request.setHeader(b"content-type", reply.content_type)
         for name, value in reply.headers.items():
@@ -212,7 +247,7 @@ class ShopResource(Resource):
 
     @staticmethod
     def _json(request: Request, payload: object) -> bytes:
-        request.setHeader(b"content-type", _JSON)
+        request.setHeader(b"content-type", JSON)
         request.setHeader(b"cache-control", b"no-store")
         return json.dumps(payload).encode()
 
@@ -246,7 +281,9 @@ def _base_url(request: Request) -> str:
     return f"http://{address.host}:{address.port}"
 
 
-def _catalogue_payload(catalogue: Catalogue, page_size: int) -> dict[str, object]:
+def _catalogue_payload(
+    catalogue: Catalogue, page_size: int, library: Library, journal: Journal
+) -> dict[str, object]:
     products = [
         {
             "id": p.id,
@@ -276,7 +313,13 @@ def _catalogue_payload(catalogue: Catalogue, page_size: int) -> dict[str, object
         }
         for c in catalogue.categories
     ]
-    return {"seed": catalogue.seed, "products": products, "categories": categories}
+    return {
+        "seed": catalogue.seed,
+        "products": products,
+        "categories": categories,
+        **library.as_dict(),
+        **journal.as_dict(),
+    }
 
 
 def run(config: ShopConfig) -> None:
@@ -300,6 +343,24 @@ def run(config: ShopConfig) -> None:
     sys.stdout.write(f"LISTENING http://{address.host}:{address.port}\n")
     sys.stdout.flush()
     reactor.run()
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A page of the shop as :meth:`ShopServer.fetch` got it; header names in lower case."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        """The body as UTF-8 text."""
+        return self.body.decode()
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return json.loads(self.body)
 
 
 class ShopServer:
@@ -347,9 +408,36 @@ class ShopServer:
         """Ground truth from ``/_catalogue``."""
         return self._get_json("/_catalogue")
 
+    def book_urls(self) -> set[str]:
+        """Absolute URL of every book page: what a complete crawl of ``/books/`` fetches."""
+        return {self.url(book["url"]) for book in self.catalogue()["books"]}
+
+    def article_urls(self) -> set[str]:
+        """Absolute URL of every article page: what a complete crawl of ``/articles/`` fetches."""
+        return {self.url(article["url"]) for article in self.catalogue()["articles"]}
+
     def reset(self) -> None:
         """Clear the counters and the flaky/burst progress."""
         self._get_json("/_reset")
+
+    def fetch(
+        self,
+        path: str,
+        data: bytes | None = None,
+        *,
+        method: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Fetched:
+        """Request *path* (a POST of *data* if given) as any client would: it is counted."""
+        request = urllib.request.Request(
+            self.url(path), data=data, headers=headers or {}, method=method
+        )
+        try:
+            with self._opener.open(request, timeout=30) as response:
+                return Fetched(response.status, _lower(response.headers), response.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return Fetched(exc.code, _lower(exc.headers), exc.read())
 
     def _get_json(self, path: str) -> dict[str, Any]:
         with self._opener.open(self.url(path), timeout=30) as response:
@@ -424,6 +512,10 @@ class ShopServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _lower(headers: Message) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def _wait_quietly(process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -26,6 +26,11 @@ class ShopStats:
     hostile_sent: Counter[str]
     #: Hostile pages answered to their end: a huge page sent whole, a stall that ran its course.
     hostile_completed: Counter[str]
+    #: Requests per book page and per article page, by path (query strings left out).
+    book_hits: Counter[str]
+    article_hits: Counter[str]
+    #: Valid API requests: ``categories``, and ``<slug>/<page>`` for each page of products.
+    api_hits: Counter[str]
 
     def __init__(self) -> None:
         self.reset()
@@ -42,6 +47,9 @@ class ShopStats:
         self.hostile = Counter()
         self.hostile_sent = Counter()
         self.hostile_completed = Counter()
+        self.book_hits = Counter()
+        self.article_hits = Counter()
+        self.api_hits = Counter()
 
     def record_request(self, path_with_query: str, product_id: int | None) -> None:
         """Count one request as it arrives."""
@@ -67,4 +75,7 @@ class ShopStats:
             "hostile": dict(self.hostile),
             "hostile_sent": dict(self.hostile_sent),
             "hostile_completed": dict(self.hostile_completed),
+            "book_hits": dict(self.book_hits),
+            "article_hits": dict(self.article_hits),
+            "api_hits": dict(self.api_hits),
         }

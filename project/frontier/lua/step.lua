@@ -25,6 +25,7 @@
     KEYS[17] deliveries  sha1 of an in-flight member's body -> times its lease expired
     KEYS[18] allowed     sites requests found on pages may go to (seeds' sites, redirects)
     KEYS[19] recent      site -> when it was last leased (ms, Redis clock)
+    KEYS[20] start       the claim on the spider's start() (start.lua): 'run\n<node>' or 'done'
 
     ARGV[1]  options, one JSON object:
                node       this node's id (no newline)
@@ -37,12 +38,19 @@
                            every site without an entry in `limits`
                counts     {enqueue, ack, retry, dead, heartbeat, pause, latency}: entries
                            in each ARGV section
+               seeds_set  true: seeds are a set (REDIS_START_URLS_AS_SET), not a list
+               list_dupes true: return where the duplicates are in the batch (DUPEFILTER_DEBUG)
+               start      'run': extend this node's claim on start(); 'done': its start()
+                           is over and its requests are in (this step enqueues the last)
     ARGV[2..] the sections, in the order of `counts`; each phase file describes its own
 
   Output: {added, duplicates, leased {site, payload, score, ...}, seeds {raw, ...},
-           reaped, promoted, counts {queued, delayed, inflight, seeds} or {} when not maintain,
+           reaped, promoted, counts {queued, delayed, inflight, seeds, starting} or {} when
+           not maintain (starting: 1 while a node runs start()),
            milliseconds until the next throttled site may go, or false,
-           poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped}
+           poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped,
+           1 if this node still holds the start claim it asked to extend or end, else 0,
+           {batch position of a duplicate, ...} when list_dupes}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -57,6 +65,7 @@
 --@include step/wake.lua
 --@include step/lease.lua
 --@include step/seeds.lua
+--@include step/start.lua
 
 local opt = cjson.decode(ARGV[1])
 local n, limits = opt.counts, opt.limits
@@ -64,7 +73,7 @@ local now = now_ms()
 local deadline = now + opt.lease_ms
 local at = 2 -- ARGV[1] is the options; the sections start after it
 
-local added, dupes, offsite = enqueue(at, n.enqueue)
+local added, dupes, offsite, dupe_list = enqueue(at, n.enqueue, opt.list_dupes)
 at = at + n.enqueue * ENQUEUE_WIDTH
 local stale = settle(at, n.ack, n.retry, n.dead, now)
 at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
@@ -78,12 +87,13 @@ local reaped, promoted, poisoned = 0, 0, {}
 if opt.maintain then reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries) end
 local first, woke = wake(now)
 local leased, parked = lease(opt.want, now, deadline, opt.node, limits)
-local seeds = take_seeds(opt.seed_want, deadline, opt.node)
+local seeds = take_seeds(opt.seed_want, deadline, opt.node, opt.seeds_set)
+local start_held = start_claim(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
 if opt.maintain then
     counts = {tonumber(redis.call('GET', K.queued) or 0), redis.call('ZCARD', K.delayed),
-              redis.call('ZCARD', K.inflight), redis.call('LLEN', K.start_urls)}
+              redis.call('ZCARD', K.inflight), seed_count(), start_running()}
 end
 -- when the next throttled site may go, so an idle node need not poll blindly
 local next_wake = first
@@ -92,4 +102,5 @@ if n.pause > 0 or woke or parked then
 end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
-return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite}
+return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
+        start_held, dupe_list}

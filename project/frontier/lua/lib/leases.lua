@@ -3,7 +3,8 @@
 
   In-flight members (K.inflight, scored by deadline) are
     "<node>\nR<site>\n<payload>"   a leased request of <site>
-    "<node>\nS<raw>"                a leased seed, as pushed to <spider>:start_urls
+    "<node>\nS<raw>"                a leased seed, as pushed to the <spider>:start_urls list
+    "<node>\nT<raw>"                a leased seed of the set (REDIS_START_URLS_AS_SET)
 
   Needs KEYS: active, start_urls, and those of lib/site_queues.lua (included before this).
 ]]
@@ -27,12 +28,14 @@ end
 
 -- Members go back where they came from, as they are (their active counts already released).
 local function put_back(members)
-    local requests, seeds = {}, {}
+    local requests, seeds, set_seeds = {}, {}, {}
     for _, m in ipairs(members) do
         local nl = string.find(m, '\n', 1, true)
         local kind, body = string.sub(m, nl + 1, nl + 1), string.sub(m, nl + 2)
         if kind == 'S' then
             seeds[#seeds + 1] = body
+        elseif kind == 'T' then
+            set_seeds[#set_seeds + 1] = body
         else
             local site, payload = split_site(body)
             requests[#requests + 1] = {site, payload}
@@ -40,7 +43,8 @@ local function put_back(members)
     end
     push_payloads(requests)
     if #seeds > 0 then chunked('RPUSH', K.start_urls, seeds) end
-    return #requests + #seeds
+    if #set_seeds > 0 then chunked('SADD', K.start_urls, set_seeds) end
+    return #requests + #seeds + #set_seeds
 end
 
 -- Expired or released in-flight members go back where they came from; returns how many.

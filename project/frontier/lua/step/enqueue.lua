@@ -14,11 +14,22 @@
                            ''        anywhere (the spider's allowed_domains decide)
                            '+'       a seed: its site joins the allowed sites
                            '='       only if its site is allowed
+                           '+' host, '=' host  the same, for a request whose politeness
+                                     unit is not its host (meta download_slot): host is
+                                     its URL's site
                            '~' site  a redirect within one domain: only if the site it
                                      came from is allowed; then its own site joins
-  Returns: added, duplicates, offsite (dropped for their scope)
+  Option list_dupes (true): also return the batch positions (0-based) of the duplicates,
+  for DUPEFILTER_DEBUG's log lines.
+  Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...}
 ]]
 local ENQUEUE_WIDTH = 5
+
+-- The URL's own site of a '+' or '=' scope: written after the sign when it differs
+local function own_site(scope, site)
+    if #scope > 1 then return string.sub(scope, 2) end
+    return site
+end
 
 local function in_scope(count, at)
     -- one SMISMEMBER for every site the batch asks about; seeds in the batch count too
@@ -28,8 +39,8 @@ local function in_scope(count, at)
         local scope = ARGV[i + 4]
         local kind = string.sub(scope, 1, 1)
         local site = nil
-        if kind == '=' then site = ARGV[i + 1] elseif kind == '~' then site = string.sub(scope, 2) end
-        if kind == '+' then allowed[ARGV[i + 1]] = true end
+        if kind == '=' then site = own_site(scope, ARGV[i + 1]) elseif kind == '~' then site = string.sub(scope, 2) end
+        if kind == '+' then allowed[own_site(scope, ARGV[i + 1])] = true end
         if site and not index[site] then
             asked[#asked + 1] = site
             index[site] = #asked
@@ -45,23 +56,24 @@ local function in_scope(count, at)
         local scope = ARGV[i + 4]
         local kind = string.sub(scope, 1, 1)
         local ok = true
-        if kind == '=' then ok = allowed[ARGV[i + 1]] elseif kind == '~' then ok = allowed[string.sub(scope, 2)] end
+        if kind == '=' then ok = allowed[own_site(scope, ARGV[i + 1])] elseif kind == '~' then ok = allowed[string.sub(scope, 2)] end
         if ok then
             keep[#keep + 1] = e
-            if kind == '+' or kind == '~' then joining[#joining + 1] = ARGV[i + 1] end
+            if kind == '+' then joining[#joining + 1] = own_site(scope, ARGV[i + 1])
+            elseif kind == '~' then joining[#joining + 1] = ARGV[i + 1] end
         end
     end
     if #joining > 0 then chunked('SADD', K.allowed, joining) end
     return keep
 end
 
-local function enqueue(at, count)
-    if count == 0 then return 0, 0, 0 end
+local function enqueue(at, count, list_dupes)
+    if count == 0 then return 0, 0, 0, {} end
     local keep = in_scope(count, at)
     local fps = {}
     for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
     local flags = chunked_list('SMISMEMBER', K.dupefilter, fps)
-    local in_batch, fresh, new_fps = {}, {}, {}
+    local in_batch, fresh, new_fps, listed = {}, {}, {}, {}
     local dupes = 0
     for j, e in ipairs(keep) do
         local i = at + e * ENQUEUE_WIDTH
@@ -70,6 +82,7 @@ local function enqueue(at, count)
         local seen = flags[j] == 1 or in_batch[fp]
         if filter and seen then
             dupes = dupes + 1
+            if list_dupes then listed[#listed + 1] = e end
         else
             if not seen then
                 in_batch[fp] = true
@@ -80,5 +93,5 @@ local function enqueue(at, count)
     end
     if #new_fps > 0 then chunked('SADD', K.dupefilter, new_fps) end
     if #fresh > 0 then push_grouped(group_by_site(fresh)) end
-    return #fresh, dupes, count - #keep
+    return #fresh, dupes, count - #keep, listed
 end

@@ -55,7 +55,7 @@ local function poison_record(member, n, now)
         attempts = n, kind = 'poison', time = now / 1000, node = node,
         error = 'lease expired ' .. n .. ' times: each node that took it died or stalled',
     }
-    if kind == 'S' then
+    if kind == 'S' or kind == 'T' then
         -- a raw seed: only a printable preview, it may not even be UTF-8
         local raw = string.sub(member, nl + 2, nl + 1 + PREVIEW_BYTES)
         record.url = string.gsub(raw, '[^\32-\126]', '?')
