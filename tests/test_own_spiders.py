@@ -4,11 +4,13 @@ the fleet: two nodes crawl a site neither has seen, each page once, every item i
 
 from __future__ import annotations
 
+import re
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.fleet import ROOT
+from tests.fleet import ROOT, wait_for
 
 if TYPE_CHECKING:
     import pymongo.database
@@ -80,3 +82,99 @@ def test_a_stock_spider_crawls_a_new_site_with_two_nodes_once_and_stores_every_i
     items = sum(fleet.stat(i, "item_scraped_count") for i in (0, 1))
     # The figures of issue 13's note: pytest -s tests/test_own_spiders.py
     print(f"\n{spider}: pages {pages}, items {items}, in MongoDB {len(stored)}, twice {len(twice)}")
+
+
+def _product_id(url: str) -> int:
+    match = re.search(r"/product/(\d+)", url)
+    assert match is not None, url
+    return int(match[1])
+
+
+def _mongo_settings(fleet: Fleet, tmp_path: Any) -> dict[str, Any]:
+    return {
+        "MONGO_URI": fleet.mongo_url,
+        "MONGO_DATABASE": fleet.mongo_db,
+        "MONGO_JOURNAL_DIR": str(tmp_path / "journal"),
+    }
+
+
+@pytest.mark.slow
+def test_errbacks_see_only_final_failures_and_every_item_type_is_stored(
+    fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
+) -> None:
+    """A plain Spider: follow_all, cb_kwargs, an errback, a dataclass, attrs and scrapy.Item."""
+    shop = make_shop(products=80, flaky_share=0.15, flaky_failures=2, broken_share=0.1)
+    expected = shop.stats()["expected"]
+    fleet.cwd = PROJECT
+    fleet.spider = "shop_pages"
+    fleet.spider_args = {"site": shop.url("/").rstrip("/")}
+    fleet.settings = {
+        **_mongo_settings(fleet, tmp_path),
+        "RETRY_TIMES": 2,
+        "FRONTIER_RETRY_BACKOFF_BASE": 0.2,
+    }
+    fleet.start_node()
+    fleet.start_node()
+    assert fleet.wait(180) == [0, 0]
+
+    failed = list(mongo.failed_pages.find({}, {"url": 1, "error": 1}))
+    failed_ids = {_product_id(doc["url"]) for doc in failed}
+    assert failed_ids == set(expected["broken"]), "only pages that failed for good"
+    calls = sum(fleet.stat(i, "shop_pages/errback_calls") for i in (0, 1))
+    assert calls == len(failed), "an errback per final failure, none per retry"
+    assert {doc["error"] for doc in failed} == {"HttpError"}
+    retries = sum(fleet.stat(i, "retry/count") for i in (0, 1))
+    assert retries >= 2 * (len(expected["flaky"]) + len(expected["broken"]))
+    assert sum(fleet.stat(i, "retry/max_reached") for i in (0, 1)) == len(failed)
+    products = {doc["url"] for doc in mongo.shop_products.find({}, {"url": 1})}
+    stored_ids = {_product_id(url) for url in products}
+    assert set(expected["flaky"]) <= stored_ids, "a flaky page is stored after its retries"
+    assert all(doc["listing"].startswith(shop.url("/category/")) for doc in mongo.shop_products.find())
+    assert mongo.listing_pages.count_documents({}) > 0
+    for index in (0, 1):
+        node = fleet.stats(index)
+        assert node["scheduler/enqueued"] > 0
+        assert node["scheduler/dequeued"] > 0
+
+
+@pytest.mark.slow
+def test_a_slow_start_is_waited_for_and_seeds_the_fleet_once(
+    fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
+) -> None:
+    shop = make_shop(products=20)
+    fleet.cwd = PROJECT
+    fleet.spider = "slow_start"
+    fleet.spider_args = {"site": shop.url("/").rstrip("/"), "products": "20", "pause": "0.3"}
+    fleet.settings = _mongo_settings(fleet, tmp_path)
+    fleet.start_node()
+    wait_for(lambda: "runs start() for the fleet" in fleet.log(0), 30, "node0 to claim start()")
+    fleet.start_node()
+    assert fleet.wait(120) == [0, 0]
+    assert "Another node runs start() for this crawl: waiting" in fleet.log(1)
+    hits = shop.stats()["product_hits"]
+    assert sorted(hits.values()) == [1] * 20, "each start request fetched once, by either node"
+    assert mongo.slow_start.count_documents({}) == 20
+    assert fleet.stats(0)["frontier/start/requests"] == 20
+    assert fleet.stats(1)["frontier/start/ran_here"] is False
+
+
+@pytest.mark.slow
+def test_a_node_killed_in_the_middle_of_start_hands_it_to_a_waiting_node(
+    fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
+) -> None:
+    shop = make_shop(products=20)
+    fleet.cwd = PROJECT
+    fleet.spider = "slow_start"
+    fleet.spider_args = {"site": shop.url("/").rstrip("/"), "products": "20", "pause": "0.5"}
+    fleet.settings = _mongo_settings(fleet, tmp_path)
+    fleet.start_node()
+    wait_for(lambda: "runs start() for the fleet" in fleet.log(0), 30, "node0 to claim start()")
+    fleet.start_node()
+    wait_for(lambda: "waiting for it to end" in fleet.log(1), 30, "node1 to wait")
+    time.sleep(2)
+    fleet.kill(0)
+    assert fleet.wait(120)[1] == 0
+    assert "This node runs start() for the fleet" in fleet.log(1), "the claim expired to node1"
+    hits = shop.stats()["product_hits"]
+    assert set(hits) == {str(n) for n in range(1, 21)}, "no start request lost"
+    assert mongo.slow_start.count_documents({}) == 20
