@@ -7,10 +7,13 @@ in docs/settings.md. Secrets and addresses come from the environment.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 BOT_NAME = "fleetcrawl"
 SPIDER_MODULES = ["spiders"]
 NEWSPIDER_MODULE = "spiders"
+# Scrapy's spider templates and `scrapy genspider -t fleet NAME DOMAIN`.
+TEMPLATES_DIR = str(Path(__file__).parent / "templates")
 
 # The shared frontier, retries, robots.txt, rendering, monitoring and pipelines.
 ADDONS = {"project.addon.FleetAddon": 0}
