@@ -149,8 +149,9 @@ def _method_name(spider: Spider, func: Any, field: str, request: Request) -> str
     if getattr(func, "__self__", None) is spider and _is_callback(spider, name):
         return str(name)
     raise UnserializableRequestError(
-        f"{request!r}: {field} {func!r} is not a public method of spider {spider.name!r}"
-        " (a callback travels by name; helpers and Scrapy's own methods cannot be named)"
+        f"{request!r}: {field} {func!r} is not a public method of spider {spider.name!r}:"
+        " make it a method of the spider class (a callback travels by name, so a lambda, a"
+        " function, another object's method or Scrapy's own methods cannot be sent)"
     )
 
 
@@ -274,6 +275,8 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
         where = _find_unserializable(data, "request") or str(exc)
         raise UnserializableRequestError(
             f"{request!r} cannot be sent through the frontier: {where} is not JSON-serializable"
+            " (meta and cb_kwargs travel as JSON: keep to text, numbers, booleans, lists and"
+            " dicts with text keys)"
         ) from exc
 
 
