@@ -84,10 +84,10 @@ def _from_json(text: str, formdata: bool) -> Seed:
         raise InvalidSeed("json", str(exc)) from exc
     if not isinstance(doc, dict):
         raise InvalidSeed("json", "a JSON seed must be an object")
-    unknown = sorted(set(doc) - _FIELDS)
+    unknown = [name for name in doc if name not in _FIELDS]  # form fields keep their order
     form: dict[str, str | list[str]] = {}
     if unknown and not formdata:
-        raise InvalidSeed("field", f"unknown field(s) {', '.join(unknown)}")
+        raise InvalidSeed("field", f"unknown field(s) {', '.join(sorted(unknown))}")
     for name in unknown:
         value = doc[name]
         if not isinstance(value, str) and not (

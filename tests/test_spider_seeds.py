@@ -1,0 +1,128 @@
+"""Seeds from Redis for any spider (project/frontier/spiders.py): the fleet's strict format,
+scrapy-redis' format with form data, a spider's own make_request_from_data, and garbage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from scrapy import FormRequest, Request, Spider
+from scrapy.spiders import CrawlSpider
+from scrapy.utils.test import get_crawler
+from scrapy_redis.spiders import RedisCrawlSpider, RedisSpider
+
+from project.frontier.seeds import InvalidSeed
+from project.frontier.spiders import FleetSpider, has_own_seeds, requests_from_seed, seed_key
+from project.frontier.wire import decode_request, encode_request
+
+
+class Books(RedisSpider):
+    name = "books"
+    redis_key = "books:start_urls"
+
+    def parse(self, response: Any) -> Any:
+        return None
+
+
+class Crawl(RedisCrawlSpider):
+    name = "crawl"
+
+
+class OwnSeeds(RedisSpider):
+    """A spider that reads seeds its own way: 'isbn:<n>' becomes a book page."""
+
+    name = "own"
+
+    def make_request_from_data(self, data: bytes) -> Any:
+        text = data.decode()
+        if text == "none":
+            return None
+        if text == "boom":
+            raise KeyError("no such book")
+        if text == "strings":
+            return ["http://books.example/1"]
+        return [Request(f"http://books.example/isbn/{n}") for n in text.split(":")[1].split(",")]
+
+
+class Plain(Spider):
+    name = "plain"
+
+
+class Fleet(FleetSpider):
+    name = "fleet"
+
+
+def _spider(cls: type[Spider], **settings: Any) -> Any:
+    # RedisSpider builds its client at once; it is never used, so it never connects.
+    crawler = get_crawler(cls, {"REDIS_URL": "redis://127.0.0.1:9/0", **settings})
+    return cls.from_crawler(crawler)
+
+
+def test_a_scrapy_redis_json_seed_with_form_fields_is_a_form_request() -> None:
+    spider = _spider(Books)
+    seed = {"url": "http://books.example/search", "method": "post", "q": "poetry", "page": "2"}
+    (request,) = requests_from_seed(spider, json.dumps(seed).encode())
+    assert isinstance(request, FormRequest)
+    assert (request.method, request.body) == ("POST", b"q=poetry&page=2")
+    assert request.dont_filter
+    # and it travels through the frontier as itself
+    again, _ = decode_request(encode_request(request, spider), spider)
+    assert (type(again), again.body) == (FormRequest, b"q=poetry&page=2")
+
+
+def test_a_plain_url_seed_and_a_json_seed_with_meta_and_priority() -> None:
+    spider = _spider(Crawl)
+    (plain,) = requests_from_seed(spider, b"http://books.example/")
+    assert (type(plain), plain.url, plain.method) == (Request, "http://books.example/", "GET")
+    seed = {"url": "http://books.example/new", "meta": {"job": "7"}, "priority": 50}
+    (rich,) = requests_from_seed(spider, json.dumps(seed).encode())
+    assert (rich.meta["job"], rich.priority) == ("7", 50)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b'{"url": "http://books.example/", "q": {"nested": 1}}', "field"),
+        (b'{"url": "ftp://books.example/"}', "url"),
+        (b"\xff\xfe", "encoding"),
+        (b"", "empty"),
+        (b'{"meta": {}}', "url_type"),
+    ],
+)
+def test_a_garbage_seed_of_a_stock_spider_is_refused_with_a_reason(raw: bytes, code: str) -> None:
+    with pytest.raises(InvalidSeed) as info:
+        requests_from_seed(_spider(Books), raw)
+    assert info.value.code == code
+
+
+def test_a_spiders_own_make_request_from_data_is_used_and_costs_only_its_seed() -> None:
+    spider = _spider(OwnSeeds)
+    made = requests_from_seed(spider, b"isbn:1,2")
+    assert [r.url for r in made] == ["http://books.example/isbn/1", "http://books.example/isbn/2"]
+    for raw, code in ((b"none", "no_request"), (b"boom", "spider"), (b"strings", "no_request")):
+        with pytest.raises(InvalidSeed) as info:
+            requests_from_seed(spider, raw)
+        assert info.value.code == code
+        assert "OwnSeeds.make_request_from_data" in str(info.value)
+    with pytest.raises(InvalidSeed, match="exceeds"):
+        requests_from_seed(spider, b"isbn:" + b"1," * 40_000)
+
+
+def test_the_fleets_own_spider_keeps_its_strict_format() -> None:
+    spider = _spider(Fleet)
+    with pytest.raises(InvalidSeed, match="unknown field"):
+        requests_from_seed(spider, b'{"url": "http://books.example/", "q": "x"}')
+
+
+def test_where_seeds_come_from() -> None:
+    assert seed_key(_spider(Books), "t:books:start_urls") == "books:start_urls"
+    assert seed_key(_spider(Crawl), "t:crawl:start_urls") == "crawl:start_urls"
+    assert seed_key(Plain(), "t:plain:start_urls") == "t:plain:start_urls"
+    assert has_own_seeds(_spider(Books))
+    assert has_own_seeds(_spider(Fleet))
+    assert not has_own_seeds(Plain())
+    assert not has_own_seeds(CrawlSpider(name="c"))
+    # a plain spider takes pushed seeds too, as URLs or JSON
+    (request,) = requests_from_seed(_spider(Plain), b"http://books.example/")
+    assert request.url == "http://books.example/"
