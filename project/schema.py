@@ -11,7 +11,15 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from price_parser import Price
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from w3lib.url import canonicalize_url
 
@@ -34,6 +42,7 @@ __all__ = [
     "Product",
     "canonical_product_url",
     "field_errors",
+    "normalise_url",
 ]
 
 #: Fields that make up a product's content; ``url`` and ``rendered`` only say how it was fetched.
@@ -49,10 +58,23 @@ CONTENT_FIELDS: tuple[str, ...] = (
     "image_urls",
 )
 
-# Digits with an optional decimal part; thousands separated by commas in groups of three.
-_PRICE = re.compile(r"(?:\d+|\d{1,3}(?:,\d{3})+)(?:\.\d+)?")
-_PRICE_SYMBOLS = re.compile(r"[\s$€£¥]")
+# A price's number once its currency is cut off: an optional sign, digits (thousands in groups
+# of three, separated by one of , . ' or a space throughout) and a decimal part after the other
+# separator. One separator before exactly three digits groups thousands ("1.234" is 1234, as
+# price-parser reads it); before other counts it is the decimal point ("1,23", "12,50").
+_NUMBER = re.compile(
+    r"(?P<sign>[-\u2212] ?)?"
+    r"(?:(?P<grouped>[1-9][0-9]{0,2}(?P<sep>[,.' \u2019])[0-9]{3}(?:(?P=sep)[0-9]{3})*)"
+    r"|(?P<plain>[0-9]+))"
+    r"(?:(?P<point>[.,])(?P<fraction>[0-9]+))?"
+)
 _CURRENCY = re.compile(r"[A-Z]{3}")
+#: Currency symbols that name one currency (``$``, ``¥`` and ``kr`` name several, so they don't).
+_CURRENCY_SYMBOLS = {
+    "€": "EUR", "£": "GBP", "zł": "PLN", "US$": "USD", "CA$": "CAD", "AU$": "AUD",
+    "NZ$": "NZD", "HK$": "HKD", "R$": "BRL", "₹": "INR", "₽": "RUB", "₴": "UAH", "₺": "TRY",
+    "₪": "ILS", "₩": "KRW", "Kč": "CZK",
+}  # fmt: skip
 _SPACES = re.compile(r"\s+")
 
 # Field sizes: a valid product is at most about 600 KB of BSON, far below MongoDB's 16 MiB
@@ -144,18 +166,36 @@ class Product(BaseModel):
     def _text(cls, value: object) -> str:
         return _SPACES.sub(" ", _required_text(value))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _currency_from_price(cls, data: Any) -> Any:
+        """A price that names its currency (``12,50 €``, ``EUR 12.50``) fills a missing one."""
+        if not isinstance(data, dict) or not isinstance(data.get("price"), str):
+            return data
+        named = _named_currency(data["price"])
+        currency = data.get("currency")
+        if named is None:
+            return data
+        given = currency.strip() if isinstance(currency, str) else currency
+        if given is None or given == "" or _CURRENCY_SYMBOLS.get(given) == named:
+            return {**data, "currency": named}
+        if isinstance(given, str) and given.upper() != named:
+            return {**data, "currency": _CurrencyConflict(given, named)}
+        return data
+
     @field_validator("price", mode="before")
     @classmethod
     def _price(cls, value: object) -> Decimal:
         if isinstance(value, Decimal | int | float) and not isinstance(value, bool):
             price = Decimal(value) if isinstance(value, Decimal) else Decimal(str(value))
         else:
-            text = _PRICE_SYMBOLS.sub("", _required_text(value)[: _MAX_PRICE_TEXT + 1])
-            if len(text) > _MAX_PRICE_TEXT or not _PRICE.fullmatch(text):
+            text = _required_text(value)[: _MAX_PRICE_TEXT + 1]
+            parsed = _parse_price(text) if len(text) <= _MAX_PRICE_TEXT else None
+            if parsed is None:
                 raise PydanticCustomError(
                     "price", "not a price: {value}", {"value": _preview(value)}
                 )
-            price = Decimal(text.replace(",", ""))  # the pattern admits only valid decimals
+            price = parsed
         if not price.is_finite() or price <= 0:
             raise PydanticCustomError(
                 "price", "price must be > 0, got {value}", {"value": _preview(value)}
@@ -172,6 +212,12 @@ class Product(BaseModel):
     @field_validator("currency", mode="before")
     @classmethod
     def _currency(cls, value: object) -> str:
+        if isinstance(value, _CurrencyConflict):
+            raise PydanticCustomError(
+                "currency",
+                "{value} but the price is in {named}",
+                {"value": _preview(value.given), "named": value.named},
+            )
         text = _required_text(value).upper()
         if not _CURRENCY.fullmatch(text):
             raise PydanticCustomError(
@@ -249,6 +295,68 @@ class Product(BaseModel):
         return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class _CurrencyConflict:
+    """A currency field that contradicts the currency its price names."""
+
+    def __init__(self, given: str, named: str) -> None:
+        self.given = given
+        self.named = named
+
+
+def _price_parts(text: str) -> tuple[str | None, str] | None:
+    """The currency a price text names (price-parser's token) and its number, or None.
+
+    The currency may only lead or trail: ``12 apples 34``, ``from $5`` and ``12€50`` are not
+    prices.
+    """
+    text = _SPACES.sub(" ", text).strip()
+    token = Price.fromstring(text).currency
+    if not token:
+        return None, text
+    if text.startswith(token):
+        return token, text[len(token) :].strip()
+    if text.endswith(token):
+        return token, text[: -len(token)].strip()
+    return None
+
+
+def _parse_price(text: str) -> Decimal | None:
+    """The amount of a price text in any of the usual formats, or None if it is not one.
+
+    price-parser finds the currency and reads the number, told which separator is which
+    (alone it reads ``0.125`` as 125 and ``12 apples 34`` as 12): the number must match
+    ``_NUMBER`` whole.
+    """
+    parts = _price_parts(text)
+    if parts is None:
+        return None
+    match = _NUMBER.fullmatch(parts[1])
+    group, point = match and match["sep"], match and match["point"]
+    if match is None or (group is not None and group == point):
+        return None
+    if point is None and group is not None:
+        point = "." if group != "." else ","
+    number = match["grouped"] or match["plain"]
+    if match["fraction"]:
+        number += f"{point}{match['fraction']}"
+    amount = Price.fromstring(number, decimal_separator=point, digit_group_separator=group).amount
+    if amount is None:
+        return None
+    return -amount if match["sign"] else amount
+
+
+def _named_currency(price: str) -> str | None:
+    """The currency code a price text names by code or unambiguous symbol, or None."""
+    text = price.strip()
+    if len(text) > _MAX_PRICE_TEXT or _parse_price(text) is None:
+        return None  # not a price: it names nothing (the price is the error)
+    parts = _price_parts(text)
+    token = parts[0] if parts is not None else None
+    if token is None:
+        return None
+    return token if _CURRENCY.fullmatch(token) else _CURRENCY_SYMBOLS.get(token)
+
+
 def field_errors(exc: ValidationError) -> dict[str, list[str]]:
     """Messages of a validation error, grouped by top-level field."""
     reasons: dict[str, list[str]] = {}
@@ -279,6 +387,12 @@ def canonical_product_url(page_url: str, canonical: str) -> tuple[str, str | Non
         return page, "offsite"
     normalised = _canonical(absolute)
     return (normalised, None) if normalised else (page, "invalid")
+
+
+def normalise_url(url: str) -> str:
+    """*url* normalised like a canonical link (``canonicalize_url``, no credentials, no default
+    port), or unchanged if it cannot be."""
+    return _canonical(url) or url
 
 
 def _http_url(text: str) -> SplitResult | None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from tests.fleet import Fleet
 
-_SETTINGS = f'''import os
+_SETTINGS = f"""import os
 
 BOT_NAME = "newcomer"
 SPIDER_MODULES = ["newcomer.spiders"]
@@ -28,7 +28,7 @@ ADDONS = {{"project.addon.FleetAddon": 0}}
 REDIS_URL = os.environ["REDIS_URL"]
 MONGO_URI = os.environ["MONGO_URI"]
 MONGO_DATABASE = os.environ["MONGO_DATABASE"]
-'''
+"""
 
 
 def _project(where: Path) -> Path:

@@ -162,7 +162,7 @@ def _read_by_code() -> set[str]:
     from project import addon
 
     names |= set(addon._SETTINGS)
-    names |= {"DOWNLOADER_MIDDLEWARES", "EXTENSIONS", "ITEM_PIPELINES"}
+    names |= {"DOWNLOADER_MIDDLEWARES", "SPIDER_MIDDLEWARES", "EXTENSIONS", "ITEM_PIPELINES"}
     return names | set(_setting_defaults())
 
 
@@ -202,7 +202,7 @@ def test_settings_py_keeps_only_what_a_project_owner_changes() -> None:
     names = {n for n in vars(module) if n.isupper()}
     assert names <= {
         "BOT_NAME", "SPIDER_MODULES", "NEWSPIDER_MODULE", "ADDONS", "REDIS_URL", "MONGO_URI",
-        "MONGO_DATABASE", "ROBOTSTXT_OBEY", "LOG_LEVEL", "FEED_EXPORT_ENCODING",
+        "MONGO_DATABASE", "ROBOTSTXT_OBEY", "LOG_LEVEL", "FEED_EXPORT_ENCODING", "TEMPLATES_DIR",
     }  # fmt: skip
 
 
@@ -255,5 +255,5 @@ def test_project_package_is_one_folder_per_capability() -> None:
     )
     assert top == [
         "addon.py", "config.py", "frontier", "items.py", "monitoring", "ops", "rendering",
-        "schema.py", "settings.py", "storage", "utils.py",
+        "schema.py", "settings.py", "storage", "templates", "utils.py",
     ]  # fmt: skip

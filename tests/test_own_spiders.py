@@ -129,7 +129,9 @@ def test_errbacks_see_only_final_failures_and_every_item_type_is_stored(
     products = {doc["url"] for doc in mongo.shop_products.find({}, {"url": 1})}
     stored_ids = {_product_id(url) for url in products}
     assert set(expected["flaky"]) <= stored_ids, "a flaky page is stored after its retries"
-    assert all(doc["listing"].startswith(shop.url("/category/")) for doc in mongo.shop_products.find())
+    assert all(
+        doc["listing"].startswith(shop.url("/category/")) for doc in mongo.shop_products.find()
+    )
     assert mongo.listing_pages.count_documents({}) > 0
     for index in (0, 1):
         node = fleet.stats(index)

@@ -8,6 +8,9 @@ from decimal import Decimal
 
 import bson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from project.schema import (
     MAX_BREADCRUMB_PARTS,
@@ -60,17 +63,138 @@ def test_content_hash_ignores_how_the_page_was_fetched() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("19.99", "19.99"), (" 5 ", "5"), ("1,299.00", "1299.00"), ("€3.50", "3.50"), ("$ 12", "12")],
+    [
+        ("19.99", "19.99"),
+        (" 5 ", "5"),
+        ("1,299.00", "1299.00"),
+        ("€3.50", "3.50"),
+        ("$ 12", "12"),
+        # Real-world formats, read by price-parser: decimal comma, thousands by . , space or '.
+        ("12,50 €", "12.50"),
+        ("1.234,56", "1234.56"),
+        ("1 234,56 zł", "1234.56"),
+        ("1\u00a0234,56 €", "1234.56"),  # no-break space
+        ("1\u202f234,56 €", "1234.56"),  # narrow no-break space (French)
+        ("$1,234.56", "1234.56"),
+        ("£51.77", "51.77"),
+        ("1.234.567,89 EUR", "1234567.89"),
+        ("12.50", "12.50"),
+        ("EUR 12,50", "12.50"),
+        ("CHF 1'234.50", "1234.50"),
+        ("10 000", "10000"),
+        # One separator before exactly three digits groups thousands (price-parser's reading);
+        # before other counts it is the decimal point. "1,23" was refused before price-parser.
+        ("1,23", "1.23"),
+        ("1.234", "1234"),
+        ("1,234", "1234"),
+        ("0.125", "0.125"),  # price-parser alone reads 125
+        ("1234.567", "1234.567"),  # and 1234567
+        (12, "12"),
+        (12.5, "12.5"),
+        (Decimal("7.10"), "7.10"),
+    ],
 )
-def test_price_parses(text: str, expected: str) -> None:
-    assert Product.model_validate({**VALID, "price": text}).price == Decimal(expected)
+def test_price_parses(text: object, expected: str) -> None:
+    # A price that names another currency than VALID's EUR must say so in its currency.
+    currency = {"1 234,56 zł": "PLN", "£51.77": "GBP", "CHF 1'234.50": "chf"}.get(str(text), "eur")
+    product = Product.model_validate({**VALID, "price": text, "currency": currency})
+    assert product.price == Decimal(expected)
 
 
-@pytest.mark.parametrize("text", ["call us", "12,,3", "", None, "0", "0.00", "-1", "1.2.3", "1,23"])
-def test_garbage_price_is_an_error(text: str | None) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "call us", "12,,3", "", "   ", None, "0", "0.00", "-1", "€ -5", "1.2.3", "abc", "free",
+        "12 apples 34", "1.2.3.4", "from $5", "£12.00 incl. VAT", "5 XYZ", "12.50 BTC", "12€50",
+        "€", "12 34", "1,234,56", "$1.234.56", "12..5", ".5", "5.", "5,-", "1e5", "0x10",
+        "\u0661\u0662", "€ 12 €", "1" * 65, "9" * 10_000_000, 0, -3, Decimal("NaN"),
+        float("inf"), True, ["12"], {"amount": 12},
+    ],
+    ids=repr,
+)  # fmt: skip
+def test_garbage_price_is_an_error(text: object) -> None:
     with pytest.raises(ValueError, match="price") as info:
         Product.model_validate({**VALID, "price": text})
     assert set(field_errors(info.value)) == {"price"}  # type: ignore[arg-type]
+    assert all(len(m) < 400 for m in field_errors(info.value)["price"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("price", "currency", "expected"),
+    [
+        ("12,50 €", None, "EUR"),
+        ("£51.77", "", "GBP"),
+        ("1.234.567,89 EUR", None, "EUR"),
+        ("1 234,56 zł", "  ", "PLN"),
+        ("US$ 5", None, "USD"),
+        ("12,50 €", "€", "EUR"),  # the symbol extracted as the currency, made a code
+        ("12,50 €", "eur", "EUR"),
+    ],
+)
+def test_a_price_that_names_its_currency_fills_a_missing_one(
+    price: str, currency: str | None, expected: str
+) -> None:
+    assert Product.model_validate({**VALID, "price": price, "currency": currency}).currency == (
+        expected
+    )
+
+
+@pytest.mark.parametrize("price", ["$12.50", "¥1200", "12.50", "5 kr"])
+def test_an_ambiguous_or_missing_currency_symbol_fills_nothing(price: str) -> None:
+    # $ (USD, CAD, AUD, ...), ¥ (JPY, CNY) and kr (SEK, NOK, DKK) name several currencies.
+    with pytest.raises(ValueError, match="currency") as info:
+        Product.model_validate({**VALID, "price": price, "currency": None})
+    assert set(field_errors(info.value)) == {"currency"}  # type: ignore[arg-type]
+
+
+_FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_FUZZ
+@given(
+    whole=st.integers(1, 10**12),
+    cents=st.integers(0, 99),
+    separators=st.sampled_from([(",", "."), (".", ","), (" ", ","), ("\u202f", ","), ("'", ".")]),
+    currency=st.sampled_from(
+        [("", "USD"), ("€", None), (" EUR", None), (" zł", None), ("$", "USD")]
+    ),
+    leading=st.booleans(),
+)
+def test_a_formatted_price_is_read_as_its_amount(
+    whole: int, cents: int, separators: tuple[str, str], currency: tuple[str, str | None],
+    leading: bool,
+) -> None:  # fmt: skip
+    group, point = separators
+    number = f"{whole:,}".replace(",", group) + f"{point}{cents:02d}"
+    symbol, code = currency
+    text = f"{symbol.strip()} {number}" if leading and symbol else f"{number}{symbol}"
+    product = Product.model_validate({**VALID, "price": text, "currency": code})
+    assert product.price == Decimal(f"{whole}.{cents:02d}")
+
+
+@_FUZZ
+@given(text=st.text(max_size=80) | st.from_regex(r"[-$€£ .,'0-9a-zA-Z]{0,20}", fullmatch=True))
+def test_any_price_text_is_a_positive_price_or_an_error_by_name(text: str) -> None:
+    try:
+        product = Product.model_validate({**VALID, "price": text, "currency": None})
+    except ValidationError as exc:
+        fields = set(field_errors(exc))
+    else:
+        fields = set()
+    if fields:
+        assert fields <= {"price", "currency"}
+        return
+    assert product.price > 0
+    assert product.currency.isupper()
+    assert len(product.currency) == 3
+
+
+def test_a_currency_that_contradicts_the_price_is_an_error() -> None:
+    with pytest.raises(ValueError, match="currency") as info:
+        Product.model_validate({**VALID, "price": "12,50 €", "currency": "USD"})
+    assert field_errors(info.value) == {  # type: ignore[arg-type]
+        "currency": ["'USD' but the price is in EUR"]
+    }
 
 
 @pytest.mark.parametrize(

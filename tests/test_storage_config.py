@@ -103,7 +103,12 @@ def test_config_rejects_unusable_values(name: str, value: object) -> None:
         ("MONGO_DATBASE", "did you mean MONGO_DATABASE?"),
         ("MONGODB_URI", "did you mean MONGO_URI?"),  # scrapy-mongodb's spelling
         ("MONGO_BATCHSIZE", "did you mean MONGO_BATCH_SIZE?"),
-        ("MONGO_HOST", "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_DATABASE"),
+        ("MONGO_COLLECTION", "did you mean MONGO_COLLECTIONS?"),
+        ("MONGO_ID_FIELD", "did you mean MONGO_ID_FIELDS?"),
+        (
+            "MONGO_HOST",
+            "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_COLLECTIONS, MONGO_DATABASE",
+        ),
     ],
 )
 def test_row6_a_misspelt_mongo_setting_stops_the_node(name: str, hint: str) -> None:
@@ -143,3 +148,105 @@ def test_validation_pipeline_can_be_switched_off() -> None:
     crawler = get_crawler(Spider, {"VALIDATION_ENABLED": False})
     with pytest.raises(NotConfigured):
         ValidationPipeline.from_crawler(crawler)
+
+
+# -- collections, ids and models by item type --------------------------------------------------
+
+
+def test_collections_and_id_fields_are_read_and_normalised() -> None:
+    config = MongoConfig.from_settings(
+        Settings(
+            {
+                "MONGO_COLLECTIONS": '{"BookItem": "library", "dict": "things"}',  # as with -s
+                "MONGO_ID_FIELDS": {
+                    " myproject.items.BookItem ": ["isbn", " edition"],
+                    "dict": "sku",
+                },
+            }
+        )
+    )
+    assert config.collections == {"BookItem": "library", "dict": "things"}
+    assert config.id_fields == {"myproject.items.BookItem": ("isbn", "edition"), "dict": ("sku",)}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MONGO_COLLECTIONS", "books", "MONGO_COLLECTIONS must be a dict"),
+        ("MONGO_COLLECTIONS", ["books"], "MONGO_COLLECTIONS must be a dict"),
+        (
+            "MONGO_COLLECTIONS",
+            {"BookItem": 5},
+            r"MONGO_COLLECTIONS\['BookItem'\] must be a collection",
+        ),
+        ("MONGO_COLLECTIONS", {"BookItem": None}, "must be a collection name"),
+        ("MONGO_COLLECTIONS", {"": "books"}, "a key must name an item type"),
+        ("MONGO_COLLECTIONS", {"BookItem": ""}, "empty"),
+        ("MONGO_COLLECTIONS", {"BookItem": "a$b"}, "contains a NUL or '\\$'"),
+        ("MONGO_COLLECTIONS", {"BookItem": "a\x00b"}, "contains a NUL"),
+        ("MONGO_COLLECTIONS", {"BookItem": "system.books"}, "starts with 'system.'"),
+        ("MONGO_COLLECTIONS", {"BookItem": ".books"}, "starts or ends with '.'"),
+        ("MONGO_COLLECTIONS", {"BookItem": "b" * 236}, "too long"),
+        ("MONGO_COLLECTIONS", {"BookItem": "rejects"}, "is the products, rejects or failures"),
+        ("MONGO_COLLECTIONS", {"ProductItem": "goods"}, "set MONGO_PRODUCTS_COLLECTION instead"),
+        ("MONGO_ID_FIELDS", "isbn", "MONGO_ID_FIELDS must be a dict"),
+        ("MONGO_ID_FIELDS", {"BookItem": 3}, "must be a field name or a list of field names"),
+        ("MONGO_ID_FIELDS", {"BookItem": []}, "must be a field name or a list"),
+        ("MONGO_ID_FIELDS", {"BookItem": ["isbn", ""]}, "must be a field name or a list"),
+        ("MONGO_ID_FIELDS", {"BookItem": [["isbn"]]}, "must be a field name or a list"),
+        ("MONGO_ID_FIELDS", {"project.schema.Product": "sku"}, "remove this entry"),
+        ("MONGO_PRODUCTS_COLLECTION", "system.products", "starts with 'system.'"),
+        ("MONGO_REJECTS_COLLECTION", "products", "must differ"),
+    ],
+)
+def test_collections_and_id_fields_that_cannot_work_stop_the_node(
+    name: str, value: object, message: str
+) -> None:
+    with pytest.raises(StorageConfigError, match=message):
+        MongoConfig.from_settings(Settings({name: value}))
+    crawler = get_crawler(_Shop, {name: value})
+    with pytest.raises(StorageConfigError, match=message):
+        MongoPipeline.from_crawler(crawler)
+
+
+def test_validation_models_default_to_the_product_schema() -> None:
+    from pipelines.validation import ItemModels
+    from project.items import ProductItem
+    from project.schema import Product
+
+    assert ValidationConfig.from_settings(Settings()).models == {
+        "project.items.ProductItem": "project.schema.Product"
+    }
+    models = ItemModels.from_settings(
+        Settings({"VALIDATION_MODELS": {"dict": "project.schema.Product"}})
+    )
+    assert models.model_for(ProductItem) is Product, "a project's entries add to the default"
+    assert models.model_for(dict) is Product
+    assert models.model_for(_Shop) is None
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        (
+            {"BookItem": "no.such.module.BookModel"},
+            r"VALIDATION_MODELS\['BookItem'\]: cannot import",
+        ),
+        ({"BookItem": "project.schema.NoSuchModel"}, "cannot import 'project.schema.NoSuchModel'"),
+        ({"BookItem": "project.items.ProductItem"}, "is not a pydantic model"),
+        ({"BookItem": "project.schema.field_errors"}, "is not a pydantic model"),
+        ({"BookItem": "nodots"}, "cannot import 'nodots'"),
+        ({"BookItem": 5}, "must be the dotted path of a pydantic model or None"),
+        ({"ProductItem": None}, "must map project.items.ProductItem to project.schema.Product"),
+        ({"ProductItem": "pydantic.BaseModel"}, "must map project.items.ProductItem"),
+        ("[1, 2]", "VALIDATION_MODELS must be a dict"),
+    ],
+)
+def test_a_validation_model_that_cannot_be_used_stops_the_node(
+    models: object, message: str
+) -> None:
+    crawler = get_crawler(_Shop, {"VALIDATION_MODELS": models})
+    with pytest.raises(StorageConfigError, match=message):
+        ValidationPipeline.from_crawler(crawler)
+    with pytest.raises(StorageConfigError, match=message):
+        MongoPipeline.from_crawler(get_crawler(_Shop, {"VALIDATION_MODELS": models}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -13,7 +14,7 @@ from scrapy.utils.test import get_crawler
 
 from project.ops.services import free_port
 from project.schema import Product
-from project.storage.journal import journal_backlog
+from project.storage.journal import Journal, journal_backlog
 from project.storage.store import MongoStore
 from tests.test_schema import VALID
 
@@ -164,3 +165,60 @@ def test_store_journals_while_unreachable_and_replays_at_next_start(
     assert up["mongo/inserted"] == 40
     assert mongo.products.count_documents({}) == 40
     assert mongo.rejects.count_documents({}) == 1
+
+
+def test_a_journal_left_by_an_older_node_replays_its_products_into_products(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    journal, seen, product = tmp_path / "journal", time.time(), make_product(1)
+    # A record as nodes wrote them before records named their collection.
+    old = {
+        "db": mongo.name,
+        "kind": "product",
+        "id": product.canonical_url,
+        "doc": {**product.content(), "url": product.url, "rendered": product.rendered},
+        "hash": product.content_hash(),
+        "seen": seen,
+        "crawl_id": "old-crawl",
+    }
+    item = {
+        "db": mongo.name,
+        "kind": "item",
+        "collection": "books",
+        "type": "BookItem",
+        "id": "isbn-1",
+        "doc": {"title": "Dune"},
+        "hash": "h",
+        "seen": seen,
+        "crawl_id": "c",
+    }
+    malformed = [
+        {**item, "collection": "system.books"},  # a collection MongoDB refuses
+        {**item, "collection": None},  # an item record names its collection
+        {**item, "kind": "product", "collection": "a$b"},
+    ]  # fmt: skip
+    written = Journal(journal, database=mongo.name)
+    written.open()
+    written.append([old, item, *malformed])
+    written.close()
+
+    async def replay() -> dict[str, Any]:
+        store, stats = make_store(services.mongo_url, mongo.name, journal)
+        await store.open()
+        await store.close()
+        return stats.get_stats()
+
+    stats = asyncio.run(replay())
+    assert journal_backlog(journal) == 0
+    stored = mongo.products.find_one({"_id": product.canonical_url})
+    assert stored is not None
+    assert (stored["crawl_id"], stored["price"], stored["url"]) == (
+        "old-crawl",
+        "19.99",
+        product.url,
+    )
+    book = mongo.books.find_one({"_id": "isbn-1"})
+    assert book is not None
+    assert (book["title"], book["content_hash"], book["crawl_id"]) == ("Dune", "h", "c")
+    assert (stats["mongo/replayed"], stats["mongo/journal_malformed"]) == (2, 3)
+    assert (stats["mongo/products/inserted"], stats["mongo/books/inserted"]) == (1, 1)

@@ -117,7 +117,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         if domains is not None and not isinstance(domains, list | tuple | set | frozenset | str):
             # scrapy-redis' example project sets filter(None, ...): Scrapy 2.19's
             # OffsiteMiddleware iterates it twice and would then refuse every request.
-            spider.allowed_domains = [domain for domain in domains if domain]
+            setattr(spider, "allowed_domains", [domain for domain in domains if domain])  # noqa: B010
         if isinstance(spider, RedisMixin):
             # scrapy-redis' RedisMixin pops seeds itself when idle, past the leases, and
             # decides alone when to close: the frontier does both for the fleet.

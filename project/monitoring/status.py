@@ -44,6 +44,8 @@ __all__ = [
 PRIORITY_BAND = 10_000_000_000
 #: Sites a status lists, most queued and in flight first; the others are only counted.
 SITES_LISTED = 20
+#: Item collections besides products counted in a status (each is one round trip).
+_ITEM_COLLECTIONS = 20
 #: Seeds waiting: a list, or a set with REDIS_START_URLS_AS_SET.
 _SEED_COUNT = (
     "if redis.call('TYPE', KEYS[1]).ok == 'set' then return redis.call('SCARD', KEYS[1]) end"
@@ -291,7 +293,8 @@ def site_table(
 def mongo_counts(
     client: pymongo.MongoClient[dict[str, Any]], config: MongoConfig, where: str = "MongoDB"
 ) -> dict[str, Any]:
-    """Documents in the products, rejects and failures collections (estimated: no scan)."""
+    """Documents in the products, rejects and failures collections, and in the collections of
+    other item types (MONGO_COLLECTIONS; at most ``_ITEM_COLLECTIONS``), estimated: no scan."""
     from pymongo.errors import PyMongoError
 
     db = client[config.database]
@@ -301,6 +304,12 @@ def mongo_counts(
         "failures": config.failures_collection,
     }
     try:
+        others = sorted(
+            name
+            for name in db.list_collection_names()
+            if name not in collections.values() and not name.startswith("system.")
+        )
+        collections |= {name: name for name in others[:_ITEM_COLLECTIONS]}
         return {shown: db[name].estimated_document_count() for shown, name in collections.items()}
     except PyMongoError as exc:
         return {"error": f"{where} unreachable: {type(exc).__name__}"}

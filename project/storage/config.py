@@ -18,12 +18,27 @@ from project.utils import mask_url
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["DEFAULT_JOURNAL_DIR", "MongoConfig", "StorageConfigError"]
+__all__ = [
+    "DEFAULT_JOURNAL_DIR",
+    "PRODUCT_TYPES",
+    "MongoConfig",
+    "StorageConfigError",
+    "collection_name_error",
+]
 
 #: The journal folder of a database and a spider (``{database}``, ``{spider}`` replaced).
 DEFAULT_JOURNAL_DIR = ".state/journal/{database}/{spider}"
 #: The default before journals were keyed by database: adopted from, never written to.
 _LEGACY_JOURNAL_DIR = ".state/journal/{spider}"
+
+#: Keys of ``MONGO_COLLECTIONS`` and ``MONGO_ID_FIELDS`` that name the product types, whose
+#: collection is ``MONGO_PRODUCTS_COLLECTION`` and whose id is their canonical URL.
+PRODUCT_TYPES = frozenset(
+    {"ProductItem", "Product", "project.items.ProductItem", "project.schema.Product"}
+)
+#: MongoDB's longest namespace (``database.collection``), and FerretDB 1.24's longest collection.
+_MAX_NAMESPACE_BYTES = 255
+_MAX_COLLECTION_BYTES = 235
 
 #: Settings that must not be empty, and their fields.
 _REQUIRED = {
@@ -68,6 +83,10 @@ class MongoConfig:
     #: ``majority``, a number of members (``1``, ``2``, ...) or a tag set's name.
     write_concern: str = setting("MONGO_WRITE_CONCERN", "majority")
     crawl_id: str = setting("CRAWL_ID", "", shown="<spider>-<start time, UTC>")
+    #: Item type (class name, dotted path or ``dict``) -> collection.
+    collections: dict[str, str] = setting("MONGO_COLLECTIONS", {})
+    #: Item type -> the fields whose values, joined with ``|``, are its ``_id``.
+    id_fields: dict[str, tuple[str, ...]] = setting("MONGO_ID_FIELDS", {})
     #: Folders of the layout before ``{database}``: their segments of this database are adopted.
     legacy_journal_dirs: tuple[Path, ...] = field(default=())
 
@@ -103,6 +122,22 @@ class MongoConfig:
         ):
             if not values[field_name] > 0:
                 raise StorageConfigError(f"{name} must be > 0, got {settings.get(name)!r}")
+        names = [values[f] for f in ("products_collection", "rejects_collection",
+                                     "failures_collection")]  # fmt: skip
+        for name, collection in zip(
+            ("MONGO_PRODUCTS_COLLECTION", "MONGO_REJECTS_COLLECTION", "MONGO_FAILURES_COLLECTION"),
+            names,
+            strict=True,
+        ):
+            if why := collection_name_error(collection, values["database"]):
+                raise StorageConfigError(f"{name} {collection!r}: {why}")
+        if len(set(names)) < len(names):
+            raise StorageConfigError(
+                "MONGO_PRODUCTS_COLLECTION, MONGO_REJECTS_COLLECTION and MONGO_FAILURES_COLLECTION"
+                f" must differ, got {names}"
+            )
+        values["collections"] = _collections(values["collections"], values["database"], names)
+        values["id_fields"] = _id_fields(values["id_fields"])
         started = started or datetime.now(UTC)
         template, database = values["journal_dir"], values["database"]
         values["journal_dir"] = _journal_dir(template, database, spider_name)
@@ -110,6 +145,87 @@ class MongoConfig:
             values["legacy_journal_dirs"] = (_journal_dir(_LEGACY_JOURNAL_DIR, "", spider_name),)
         values["crawl_id"] = values["crawl_id"] or f"{spider_name}-{started:%Y%m%dT%H%M%SZ}"
         return cls(**values)
+
+
+def collection_name_error(name: str, database: str) -> str | None:
+    """Why MongoDB (or FerretDB 1.24) refuses *name* as a collection of *database*, or None."""
+    if not name:
+        return "empty"
+    if "\x00" in name or "$" in name:
+        return "contains a NUL or '$'"
+    if name.startswith("system."):
+        return "starts with 'system.' (MongoDB's own collections)"
+    if name.startswith(".") or name.endswith(".") or ".." in name:
+        return "starts or ends with '.', or contains '..'"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not valid UTF-8 (a lone surrogate)"
+    if size > _MAX_COLLECTION_BYTES or size + len(database.encode()) + 1 > _MAX_NAMESPACE_BYTES:
+        return (
+            f"too long: a collection name has at most {_MAX_COLLECTION_BYTES} bytes, and"
+            f" {database}.<collection> at most {_MAX_NAMESPACE_BYTES}"
+        )
+    return None
+
+
+def _type_key(setting_name: str, key: object) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise StorageConfigError(
+            f"{setting_name}: a key must name an item type (a class name like 'BookItem', a"
+            f" dotted path like 'myproject.items.BookItem', or 'dict'), got {key!r}"
+        )
+    key = key.strip()
+    if key in PRODUCT_TYPES:
+        fix = (
+            "set MONGO_PRODUCTS_COLLECTION instead"
+            if setting_name == "MONGO_COLLECTIONS"
+            else "remove this entry"
+        )
+        raise StorageConfigError(
+            f"{setting_name}[{key!r}]: products are stored in MONGO_PRODUCTS_COLLECTION by their"
+            f" canonical URL; {fix}"
+        )
+    return key
+
+
+def _collections(raw: dict[object, object], database: str, reserved: list[str]) -> dict[str, str]:
+    """``MONGO_COLLECTIONS``, checked: every value is a collection MongoDB takes."""
+    collections: dict[str, str] = {}
+    for key, value in raw.items():
+        name = _type_key("MONGO_COLLECTIONS", key)
+        if not isinstance(value, str):
+            raise StorageConfigError(
+                f"MONGO_COLLECTIONS[{name!r}] must be a collection name, got {value!r}"
+            )
+        if why := collection_name_error(value, database):
+            raise StorageConfigError(f"MONGO_COLLECTIONS[{name!r}] {value!r}: {why}")
+        if value in reserved:
+            raise StorageConfigError(
+                f"MONGO_COLLECTIONS[{name!r}] {value!r} is the products, rejects or failures"
+                " collection: items of another type would mix with those documents"
+            )
+        collections[name] = value
+    return collections
+
+
+def _id_fields(raw: dict[object, object]) -> dict[str, tuple[str, ...]]:
+    """``MONGO_ID_FIELDS``, checked: every value is a field name or a list of them."""
+    id_fields: dict[str, tuple[str, ...]] = {}
+    for key, value in raw.items():
+        name = _type_key("MONGO_ID_FIELDS", key)
+        fields = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(fields, list | tuple)
+            or not fields
+            or not all(isinstance(f, str) and f.strip() for f in fields)
+        ):
+            raise StorageConfigError(
+                f"MONGO_ID_FIELDS[{name!r}] must be a field name or a list of field names,"
+                f" got {value!r}"
+            )
+        id_fields[name] = tuple(f.strip() for f in fields)
+    return id_fields
 
 
 def _journal_dir(template: str, database: str, spider: str) -> Path:

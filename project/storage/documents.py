@@ -11,7 +11,15 @@ from typing import Any
 import bson
 from bson.errors import BSONError
 
-__all__ = ["MAX_BSON_SIZE", "bounded", "from_ms", "stored_ms", "to_ms", "unencodable"]
+__all__ = [
+    "MAX_BSON_SIZE",
+    "bounded",
+    "from_ms",
+    "safe_text",
+    "stored_ms",
+    "to_ms",
+    "unencodable",
+]
 
 #: MongoDB's (and FerretDB's) largest document, unless the server's ``hello`` says otherwise.
 MAX_BSON_SIZE = 16 * 1024 * 1024
@@ -104,6 +112,11 @@ class _Bounded:
             return _text(str(value), _MAX_TEXT)
         except Exception:  # noqa: BLE001 (a hostile __str__: the type is all we keep)
             return f"<{type(value).__name__}>"
+
+
+def safe_text(text: str) -> str:
+    """*text* with lone surrogates replaced: a key MongoDB always takes."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _text(text: str, most: int) -> str:

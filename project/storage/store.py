@@ -1,4 +1,8 @@
-"""Batched, durable MongoDB writes shared by the validation and MongoDB pipelines."""
+"""Batched, durable MongoDB writes shared by the validation and MongoDB pipelines.
+
+Group commit, and the journal while MongoDB is away: what a batch does to each collection is
+``project.storage.writes``, what a record holds ``project.storage.records``.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +11,17 @@ import contextlib
 import logging
 import socket
 import time
-from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-from pymongo import AsyncMongoClient, InsertOne, ReplaceOne, UpdateOne
-from pymongo.errors import (
-    BulkWriteError,
-    ConfigurationError,
-    ConnectionFailure,
-    OperationFailure,
-    PyMongoError,
-)
+from pymongo import AsyncMongoClient
+from pymongo.errors import ConfigurationError, ConnectionFailure, PyMongoError
 from pymongo.write_concern import WriteConcern
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
 from project.storage.config import MongoConfig, StorageConfigError
-from project.storage.documents import (
-    MAX_BSON_SIZE,
-    bounded,
-    from_ms,
-    stored_ms,
-    to_ms,
-    unencodable,
-)
+from project.storage.documents import MAX_BSON_SIZE
 from project.storage.errors import (
     ItemNotStoredError,
     ItemRejectedError,
@@ -41,32 +30,30 @@ from project.storage.errors import (
     severity,
 )
 from project.storage.journal import Journal, JournalLockedError
+from project.storage.placement import place_product
+from project.storage.records import item_record, reject_record, well_formed
+from project.storage.writes import BatchWriter
 from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from pymongo.asynchronous.collection import AsyncCollection
     from pymongo.asynchronous.database import AsyncDatabase
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
     from project.schema import Product
+    from project.storage.placement import PlacedItem
 
 __all__ = ["ItemNotStoredError", "ItemRejectedError", "MongoStore"]
 
 logger = logging.getLogger(__name__)
 
 _FIRST_RETRY_DELAY = 0.5
-# FerretDB 1.24 (SQLite) hangs for good on an update command that modifies 100 or more
-# existing documents, so a batch is sent as several bulk commands of at most this many ops.
-_MAX_OPS_PER_COMMAND = 50
-_DUPLICATE_KEY = 11000
 #: A permanent error that goes on is logged again after this many seconds.
 _REMIND_SECONDS = 600.0
 _Record = dict[str, Any]
-_Group = list[tuple[int, _Record]]
 _Pending = tuple[_Record, "asyncio.Future[None]"]
 _Document = dict[str, Any]
 
@@ -74,7 +61,7 @@ _stores: WeakKeyDictionary[Crawler, MongoStore] = WeakKeyDictionary()
 
 
 class MongoStore:
-    """Writes products and rejects to MongoDB in batches, or to the local journal while it is away.
+    """Writes items and rejects to MongoDB in batches, or to the local journal while it is away.
 
     ``save_*`` return once the record is durable: acknowledged by MongoDB in a bulk write, or
     appended and fsync'd to the journal; they raise ``ItemNotStoredError`` when neither took it,
@@ -82,8 +69,8 @@ class MongoStore:
     stored in rejects with the reason instead. While the journal is not empty every write goes
     to it (so replays keep the order), and a background task retries MongoDB with exponential
     backoff, replays the journal segment by segment and deletes each segment once MongoDB
-    acknowledged it. A product's content is written only by a record seen after the stored
-    one (``last_seen``), so a late replay never overwrites what another node wrote since.
+    acknowledged it. An item's content is written only by a record seen after the stored one
+    (``last_seen``), so a late replay never overwrites what another node wrote since.
     """
 
     def __init__(self, config: MongoConfig, stats: StatsCollector) -> None:
@@ -97,7 +84,7 @@ class MongoStore:
         self._stats = stats
         self._client: AsyncMongoClient[_Document] | None = None
         self._database: AsyncDatabase[_Document] | None = None
-        self._max_bson = MAX_BSON_SIZE
+        self._writer: BatchWriter | None = None
         self._pending: list[_Pending] = []
         self._flush_lock = asyncio.Lock()
         self._flush_queued = False
@@ -268,17 +255,19 @@ class MongoStore:
     # -- saving ----------------------------------------------------------------------------
 
     async def save_product(self, product: Product, *, seen: float | None = None) -> None:
-        """Upsert a product by canonical URL; return once it is durable."""
-        record = {
-            "db": self.config.database,
-            "kind": "product",
-            "id": product.canonical_url,
-            "doc": {**product.content(), "url": product.url, "rendered": product.rendered},
-            "hash": product.content_hash(),
-            "seen": time.time() if seen is None else seen,
-            "crawl_id": self.config.crawl_id,
-        }
-        await self._submit(record)
+        """Upsert a product into the products collection by canonical URL, once it is durable."""
+        await self.save_item(place_product(product, self.config.products_collection), seen=seen)
+
+    async def save_item(self, placed: PlacedItem, *, seen: float | None = None) -> None:
+        """Upsert an item into its collection by ``_id``; return once it is durable."""
+        await self._submit(
+            item_record(
+                placed,
+                database=self.config.database,
+                crawl_id=self.config.crawl_id,
+                seen=time.time() if seen is None else seen,
+            )
+        )
 
     async def save_reject(
         self,
@@ -286,26 +275,22 @@ class MongoStore:
         reasons: Mapping[str, Sequence[str]],
         *,
         seen: float | None = None,
+        item_type: str | None = None,
     ) -> None:
-        """Store a rejected item with its reasons per field; return once it is durable."""
-        raw = bounded(dict(item))
-        url = str(raw.get("url") or "")
-        key = raw.get("canonical_url") if isinstance(raw.get("canonical_url"), str) else None
-        doc = {
-            "url": url,
-            "canonical_url": key,
-            "item": raw,
-            "reasons": bounded({field: list(messages) for field, messages in reasons.items()}),
-            "crawl_id": self.config.crawl_id,
-        }
-        record = {
-            "db": self.config.database,
-            "kind": "reject",
-            "id": f"{self.config.crawl_id}|{key or url}",
-            "doc": doc,
-            "seen": time.time() if seen is None else seen,
-        }
-        await self._submit(record)
+        """Store a rejected item with its reasons per field; return once it is durable.
+
+        *item_type* names the type of an item that is not a product (it is part of the id).
+        """
+        await self._submit(
+            reject_record(
+                item,
+                reasons,
+                database=self.config.database,
+                crawl_id=self.config.crawl_id,
+                seen=time.time() if seen is None else seen,
+                item_type=item_type,
+            )
+        )
 
     async def _submit(self, record: _Record) -> None:
         if self._client is None:
@@ -470,11 +455,12 @@ class MongoStore:
                 announced = True
             for segment in segments:
                 records = await asyncio.to_thread(self.journal.read, segment)
-                if malformed := [r for r in records if not _well_formed(r)]:
+                database = self.config.database
+                if malformed := [r for r in records if not well_formed(r, database)]:
                     # Not written by this store (edited by hand, another program): dropped.
                     self._stats.inc_value("mongo/journal_malformed", len(malformed))
                     logger.error("dropping %d malformed records of %s", len(malformed), segment)
-                    records = [r for r in records if _well_formed(r)]
+                    records = [r for r in records if well_formed(r, database)]
                 for start in range(0, len(records), self.config.batch_size):
                     # What MongoDB cannot take goes to rejects: a record never blocks the replay.
                     await self._write(records[start : start + self.config.batch_size])
@@ -490,10 +476,16 @@ class MongoStore:
         if self._client is None:
             raise RuntimeError("the MongoDB store is not open")
         hello = await self._client.admin.command("hello")
-        self._max_bson = int(hello.get("maxBsonObjectSize") or MAX_BSON_SIZE)
         concern = self._write_concern(hello)
         database = self._client.get_database(self.config.database, write_concern=concern)
         await self._ensure_indexes(database)
+        self._writer = BatchWriter(
+            database,
+            self._stats,
+            products_collection=self.config.products_collection,
+            rejects_collection=self.config.rejects_collection,
+            max_bson=int(hello.get("maxBsonObjectSize") or MAX_BSON_SIZE),
+        )
         self._database = database
 
     def _write_concern(self, hello: Mapping[str, Any]) -> WriteConcern:
@@ -528,7 +520,7 @@ class MongoStore:
             try:
                 await database[collection].create_index(key, name=key)
             except PyMongoError as exc:
-                # Products are found by _id: without these indexes only queries are slower.
+                # Items are found by _id: without these indexes only queries are slower.
                 if severity(exc) == "transient" or is_authentication_failure(exc):
                     raise
                 self._permanent_error(
@@ -537,258 +529,11 @@ class MongoStore:
                     " (writes go on without it)",
                 )
 
-    def _collection(self, name: str) -> AsyncCollection[_Document]:
-        if self._database is None:
-            raise RuntimeError("the MongoDB store is not prepared")
-        return self._database[name]
-
-    # -- writing a batch -------------------------------------------------------------------
-
     async def _write(self, records: Sequence[_Record]) -> dict[int, Exception]:
         """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
-        products = [(i, r) for i, r in enumerate(records) if r["kind"] == "product"]
-        rejects = [(i, r) for i, r in enumerate(records) if r["kind"] != "product"]
-        counts: Counter[str] = Counter()
-        refused = await self._write_products(products, counts) if products else {}
-        for index, reason in refused.items():
-            rejects.append((index, _as_reject(records[index], reason)))
-            self._stats.inc_value("mongo/rejected")
-            self._stats.inc_value(f"mongo/rejected/{reason.split(':')[0].split()[0]}")
-        lost = await self._write_rejects(rejects) if rejects else {}
-        self._stats.inc_value("mongo/batches")
-        for name, count in counts.items():
-            self._stats.inc_value(f"mongo/{name}", count)
-        failures: dict[int, Exception] = {}
-        for index, reason in refused.items():
-            where = "not even in rejects" if index in lost else "stored in rejects instead"
-            failures[index] = ItemRejectedError(
-                f"MongoDB cannot take product {records[index]['id']} ({reason}): {where}"
-            )
-        for index, reason in lost.items():
-            failures.setdefault(index, ItemRejectedError(f"MongoDB refused the reject ({reason})"))
-        return failures
-
-    async def _write_products(self, products: _Group, counts: Counter[str]) -> dict[int, str]:
-        """Write products by ``_id``; return why MongoDB cannot take some, by record index."""
-        collection = self._collection(self.config.products_collection)
-        refused: dict[int, str] = {}
-        groups: dict[str, _Group] = {}
-        for index, record in products:
-            reason = unencodable(_product_document(record, 0, 0), self._max_bson)
-            if reason is None:
-                groups.setdefault(record["id"], []).append((index, record))
-            else:
-                refused[index] = reason
-        if not groups:
-            return refused
-        cursor = collection.find(
-            {"_id": {"$in": list(groups)}}, {"content_hash": 1, "last_seen": 1}
-        )
-        stored = {
-            doc["_id"]: (doc.get("content_hash"), stored_ms(doc.get("last_seen")))
-            async for doc in cursor
-        }
-        plans = [_plan(key, group, stored.get(key)) for key, group in groups.items()]
-        new = [p for p in plans if p.insert]
-        inserts = [InsertOne(_product_document(p.winner, p.first_ms, p.last_ms)) for p in new]
-        # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
-        # another writer (duplicate _id) is redone as a conditional update.
-        more, duplicates = await self._bulk(collection, inserts, [p.group for p in new])
-        refused.update(more)
-        redo = [new[i] for i in duplicates] + [p for p in plans if not p.insert]
-        updates = [(op, p) for p in redo if (op := p.update()) is not None]
-        more, _ = await self._bulk(
-            collection, [op for op, _ in updates], [p.group for _, p in updates]
-        )
-        refused.update(more)
-        for plan in plans:
-            if plan.group[0][0] not in refused:
-                counts.update(plan.counts)
-        return refused
-
-    async def _write_rejects(self, rejects: _Group) -> dict[int, str]:
-        """Store rejects by ``_id`` unless a newer one is stored; return the refused ones."""
-        collection = self._collection(self.config.rejects_collection)
-        refused: dict[int, str] = {}
-        groups: dict[str, _Group] = {}
-        for index, record in rejects:
-            groups.setdefault(record["id"], []).append((index, record))
-        docs: dict[str, _Document] = {}
-        for key, group in groups.items():
-            newest = max(group, key=lambda item: item[1]["seen"])[1]
-            doc = {"_id": key, **newest["doc"], "rejected_at": from_ms(to_ms(newest["seen"]))}
-            reason = unencodable(doc, self._max_bson)
-            if reason is None:
-                docs[key] = doc
-            else:  # a bounded copy always encodes: only a reject not made by save_reject
-                logger.error("cannot encode the reject %s: %s", key, reason)
-                refused.update((index, reason) for index, _ in group)
-        cursor = collection.find({"_id": {"$in": list(docs)}}, {"rejected_at": 1})
-        stored = {doc["_id"]: doc.get("rejected_at") async for doc in cursor}
-        # No conditional upserts: FerretDB 1.24 answers a failed one without the counts pymongo
-        # reads. New rejects are inserted, older ones replaced, newer ones (another node's, or
-        # this node's before a replay) kept.
-        new = [key for key in docs if key not in stored]
-        more, duplicates = await self._bulk(
-            collection, [InsertOne(docs[key]) for key in new], [groups[key] for key in new]
-        )
-        refused.update(more)
-        older = [new[i] for i in duplicates] + [
-            key for key, at in stored.items() if not (at and at >= docs[key]["rejected_at"])
-        ]
-        ops = [
-            ReplaceOne({"_id": key, "rejected_at": {"$lt": docs[key]["rejected_at"]}}, docs[key])
-            for key in older
-        ]
-        more, _ = await self._bulk(collection, ops, [groups[key] for key in older])
-        refused.update(more)
-        return refused
-
-    async def _bulk(
-        self,
-        collection: AsyncCollection[_Document],
-        ops: Sequence[Any],
-        groups: Sequence[_Group],
-    ) -> tuple[dict[int, str], list[int]]:
-        """Run ``ops`` unordered; return refused records by index, and the duplicate-key ops."""
-        refused: dict[int, str] = {}
-        duplicates: list[int] = []
-        commands = [(start, ops[start : start + _MAX_OPS_PER_COMMAND])
-                    for start in range(0, len(ops), _MAX_OPS_PER_COMMAND)]  # fmt: skip
-        while commands:
-            start, command = commands.pop(0)
-            try:
-                await collection.bulk_write(list(command), ordered=False)
-            except KeyError:
-                # FerretDB 1.24 answers an update with a write error without the counts pymongo
-                # reads (and stops at that op): send the ops one by one to find the one refused.
-                if len(command) > 1:
-                    commands[:0] = [(start + i, [op]) for i, op in enumerate(command)]
-                    continue
-                self._stats.inc_value("mongo/write_errors")
-                for index, _ in groups[start]:
-                    refused[index] = "WriteError: refused by the server, which gave no reason"
-                logger.error("MongoDB refused a write to %s and gave no reason", collection.name)
-            except BulkWriteError as exc:
-                if exc.details.get("writeConcernErrors"):
-                    raise  # not acknowledged as asked: the whole batch is retried
-                errors = exc.details.get("writeErrors", [])
-                for error in errors:
-                    code, message = error.get("code"), str(error.get("errmsg", "write error"))
-                    if code == _DUPLICATE_KEY:
-                        duplicates.append(start + error["index"])
-                        continue
-                    failure = OperationFailure(message, code)
-                    if severity(failure) == "transient":
-                        raise failure from exc  # a failover mid-batch: the whole batch again
-                    for index, _ in groups[start + error["index"]]:
-                        refused[index] = f"WriteError {code}: {message[:200]}"
-                if len(duplicates) < len(errors):
-                    self._stats.inc_value("mongo/write_errors", len(errors) - len(duplicates))
-                    logger.error(
-                        "MongoDB refused %d of %d writes to %s, first: %s",
-                        len(errors) - len(duplicates), len(ops), collection.name,
-                        next(e.get("errmsg") for e in errors if e.get("code") != _DUPLICATE_KEY),
-                    )  # fmt: skip
-        return refused, duplicates
-
-
-@dataclass
-class _Plan:
-    """What one batch does to one product: its records (oldest first) and their outcome."""
-
-    key: str
-    group: _Group
-    counts: Counter[str]
-    winner: _Record  # the record whose content is written, if any
-    writes_content: bool
-    insert: bool
-    first_ms: int
-    last_ms: int
-    stored_last_ms: int | None
-
-    def update(self) -> UpdateOne | None:
-        """The update of a stored product, or None when nothing moves."""
-        first, last = from_ms(self.first_ms), from_ms(self.last_ms)
-        if self.writes_content:
-            content = _content(self.winner)
-            # Only over content seen before this record: a newer write by another node stays.
-            match: dict[str, Any] = {"_id": self.key}
-            if self.insert or self.stored_last_ms is not None:
-                match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
-            return UpdateOne(
-                match,
-                {"$set": content, "$min": {"first_seen": first}, "$max": {"last_seen": last}},
-            )
-        if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
-            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": last}})
-        return None
-
-
-def _plan(key: str, group: _Group, stored: tuple[str | None, int | None] | None) -> _Plan:
-    """Apply a product's records in the order they were seen, against what is stored."""
-    ordered = sorted(group, key=lambda item: item[1]["seen"])
-    counts: Counter[str] = Counter()
-    current, last = stored if stored is not None else (None, None)
-    exists, winner, writes = stored is not None, ordered[-1][1], False
-    for _, record in ordered:
-        seen = to_ms(record["seen"])
-        if not exists:
-            counts["inserted"] += 1
-            exists, current, last, winner, writes = True, record["hash"], seen, record, True
-        elif record["hash"] == current:
-            counts["unchanged"] += 1
-            last = seen if last is None else max(last, seen)
-        elif last is not None and seen <= last:
-            counts["stale"] += 1  # older than the stored content: a late replay
-        else:
-            counts["updated"] += 1
-            current, last, winner, writes = record["hash"], seen, record, True
-    first = to_ms(ordered[0][1]["seen"])
-    assert last is not None
-    return _Plan(key, ordered, counts, winner, writes, stored is None, first, last,
-                 stored[1] if stored is not None else None)  # fmt: skip
-
-
-def _well_formed(record: object) -> bool:
-    """A journal record as ``save_*`` write them."""
-    if not isinstance(record, dict) or record.get("kind") not in ("product", "reject"):
-        return False
-    fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
-    if record["kind"] == "product":
-        fields |= {"hash": str, "crawl_id": str}
-    return all(isinstance(record.get(name), kind) for name, kind in fields.items())
-
-
-def _content(record: _Record) -> _Document:
-    return {**record["doc"], "content_hash": record["hash"], "crawl_id": record["crawl_id"]}
-
-
-def _product_document(record: _Record, first_ms: int, last_ms: int) -> _Document:
-    return {
-        "_id": record["id"],
-        **_content(record),
-        "first_seen": from_ms(first_ms),
-        "last_seen": from_ms(last_ms),
-    }
-
-
-def _as_reject(record: _Record, reason: str) -> _Record:
-    """The reject record of a product MongoDB cannot take: a bounded copy and the reason."""
-    doc: dict[str, Any] = record["doc"] if isinstance(record.get("doc"), dict) else {}
-    crawl_id = str(record.get("crawl_id", ""))
-    return {
-        "kind": "reject",
-        "id": f"{crawl_id}|{record.get('id')}",
-        "seen": record["seen"],
-        "doc": {
-            "url": bounded(doc.get("url")),
-            "canonical_url": bounded(record.get("id")),
-            "item": bounded(doc),
-            "reasons": {"document": [reason]},
-            "crawl_id": crawl_id,
-        },
-    }
+        if self._writer is None:
+            raise RuntimeError("the MongoDB store is not prepared")
+        return await self._writer.write(records)
 
 
 def _settle(chunk: Sequence[_Pending], failures: Mapping[int, BaseException]) -> None:

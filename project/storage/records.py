@@ -1,0 +1,149 @@
+"""The records the store batches and journals: items by collection, and rejects.
+
+An item record (``kind`` ``item``, or ``product`` for a ``Product``) carries its collection,
+``_id``, document, content hash, the time it was seen and its crawl; a reject record its
+``_id`` and document. Records are JSON, so the journal holds them as they are. Product records
+written before records named their collection (no ``collection``) belong to the products
+collection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from project.storage.config import collection_name_error
+from project.storage.documents import bounded, safe_text
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from project.storage.placement import PlacedItem
+
+__all__ = [
+    "Record",
+    "collection_of",
+    "item_record",
+    "refused_reject",
+    "reject_record",
+    "well_formed",
+]
+
+Record = dict[str, Any]
+
+
+def item_record(placed: PlacedItem, *, database: str, crawl_id: str, seen: float) -> Record:
+    """The record of an item to upsert by ``_id`` into its collection."""
+    return {
+        "db": database,
+        "kind": placed.kind,
+        "collection": placed.collection,
+        "type": placed.item_type,
+        "id": placed.id,
+        "doc": placed.doc,
+        "hash": placed.hash,
+        "seen": seen,
+        "crawl_id": crawl_id,
+    }
+
+
+def reject_record(
+    item: Mapping[str, Any],
+    reasons: Mapping[str, Sequence[str]],
+    *,
+    database: str,
+    crawl_id: str,
+    seen: float,
+    item_type: str | None = None,
+) -> Record:
+    """The record of an item stored in rejects, with its reasons per field.
+
+    Its ``_id`` is ``<crawl_id>|<canonical URL or URL>`` (a product's, or an item of no named
+    type), or ``<crawl_id>|<type>|<canonical URL or URL>``; an item without either is named by
+    the hash of its bounded copy.
+    """
+    raw = bounded(dict(item))
+    url = raw.get("url") if isinstance(raw.get("url"), str) else ""
+    canonical = raw.get("canonical_url") if isinstance(raw.get("canonical_url"), str) else None
+    key = canonical or url or _digest(raw)
+    doc: Record = {
+        "url": url,
+        "canonical_url": canonical,
+        "item": raw,
+        "reasons": bounded({field: list(messages) for field, messages in reasons.items()}),
+        "crawl_id": crawl_id,
+    }
+    if item_type is not None:
+        doc["item_type"] = item_type
+    return {
+        "db": database,
+        "kind": "reject",
+        "id": f"{crawl_id}|{key}" if item_type is None else f"{crawl_id}|{item_type}|{key}",
+        "doc": doc,
+        "seen": seen,
+    }
+
+
+def refused_reject(record: Record, reason: str, products_collection: str) -> Record:
+    """The reject record of an item MongoDB cannot take: a bounded copy and the reason."""
+    doc: dict[str, Any] = record["doc"] if isinstance(record.get("doc"), dict) else {}
+    crawl_id = str(record.get("crawl_id", ""))
+    key = safe_text(str(record.get("id")))
+    if collection_of(record, products_collection) == products_collection:
+        return {
+            "kind": "reject",
+            "id": f"{crawl_id}|{key}",
+            "seen": record["seen"],
+            "doc": {
+                "url": bounded(doc.get("url")),
+                "canonical_url": bounded(record.get("id")),
+                "item": bounded(doc),
+                "reasons": {"document": [reason]},
+                "crawl_id": crawl_id,
+            },
+        }
+    item_type = safe_text(str(record.get("type") or record.get("collection")))
+    url, canonical = doc.get("url"), doc.get("canonical_url")
+    return {
+        "kind": "reject",
+        "id": f"{crawl_id}|{item_type}|{key}",
+        "seen": record["seen"],
+        "doc": {
+            "url": bounded(url) if isinstance(url, str) else "",
+            "canonical_url": bounded(canonical) if isinstance(canonical, str) else None,
+            "item": bounded(doc),
+            "reasons": {"document": [reason]},
+            "crawl_id": crawl_id,
+            "item_type": item_type,
+            "collection": bounded(record.get("collection")),
+            "item_id": bounded(record.get("id")),
+        },
+    }
+
+
+def collection_of(record: Record, products_collection: str) -> str:
+    """The collection of an item record (a product record of an older node: the products')."""
+    collection = record.get("collection")
+    return collection if isinstance(collection, str) else products_collection
+
+
+def well_formed(record: object, database: str) -> bool:
+    """A record as the store writes them (the journal may hold records edited by hand)."""
+    if not isinstance(record, dict) or record.get("kind") not in ("product", "item", "reject"):
+        return False
+    fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
+    if record["kind"] != "reject":
+        fields |= {"hash": str, "crawl_id": str}
+    if not all(isinstance(record.get(name), kind) for name, kind in fields.items()):
+        return False
+    collection = record.get("collection")
+    if record["kind"] == "item" or collection is not None:
+        return isinstance(collection, str) and collection_name_error(collection, database) is None
+    return True
+
+
+def _digest(value: object) -> str:
+    """A stable name for a bounded copy (JSON-safe by construction)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()

@@ -1,0 +1,332 @@
+"""One batch of records written to MongoDB: items by collection with change tracking, rejects.
+
+Per collection, a batch reads the content hash and ``last_seen`` of the documents it touches,
+plans each ``_id`` from its records in the order they were seen (:func:`plan`), inserts new
+documents, updates changed ones and only moves ``last_seen`` of unchanged ones. Content is
+written only by a record seen after the stored one, so a late replay never overwrites what
+another node wrote since (``mongo/stale``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pymongo import InsertOne, ReplaceOne, UpdateOne
+from pymongo.errors import BulkWriteError, InvalidName, OperationFailure
+
+from project.storage.documents import from_ms, stored_ms, to_ms, unencodable
+from project.storage.errors import ItemRejectedError, severity
+from project.storage.records import collection_of, refused_reject
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+    from scrapy.statscollectors import StatsCollector
+
+    from project.storage.records import Record
+
+__all__ = ["BatchWriter", "Plan", "plan"]
+
+logger = logging.getLogger(__name__)
+
+# FerretDB 1.24 (SQLite) hangs for good on an update command that modifies 100 or more
+# existing documents, so a batch is sent as several bulk commands of at most this many ops.
+_MAX_OPS_PER_COMMAND = 50
+#: Most bytes of ``_id`` values in one lookup (a query must fit MongoDB's 16 MiB).
+_MAX_LOOKUP_BYTES = 1 << 20
+_DUPLICATE_KEY = 11000
+_INVALID_NAMESPACE = 73
+_Group = list[tuple[int, "Record"]]
+_Document = dict[str, Any]
+
+
+class BatchWriter:
+    """Writes batches of item and reject records to one database."""
+
+    def __init__(
+        self,
+        database: AsyncDatabase[_Document],
+        stats: StatsCollector,
+        *,
+        products_collection: str,
+        rejects_collection: str,
+        max_bson: int,
+    ) -> None:
+        self._database = database
+        self._stats = stats
+        self._products = products_collection
+        self._rejects = rejects_collection
+        self._max_bson = max_bson
+
+    async def write(self, records: Sequence[Record]) -> dict[int, Exception]:
+        """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
+        items: dict[str, _Group] = {}
+        rejects: _Group = []
+        for index, record in enumerate(records):
+            if record["kind"] == "reject":
+                rejects.append((index, record))
+            else:
+                items.setdefault(collection_of(record, self._products), []).append((index, record))
+        counts: dict[str, Counter[str]] = {}
+        refused: dict[int, str] = {}
+        for name in sorted(items):
+            counts[name] = Counter()
+            refused |= await self._write_items(name, items[name], counts[name])
+        for index, reason in refused.items():
+            rejects.append((index, refused_reject(records[index], reason, self._products)))
+            self._stats.inc_value("mongo/rejected")
+            self._stats.inc_value(f"mongo/rejected/{reason.split(':')[0].split()[0]}")
+        lost = await self._write_rejects(rejects) if rejects else {}
+        self._stats.inc_value("mongo/batches")
+        for collection, counted in counts.items():
+            for name, count in counted.items():
+                self._stats.inc_value(f"mongo/{name}", count)
+                self._stats.inc_value(f"mongo/{collection}/{name}", count)
+        failures: dict[int, Exception] = {}
+        for index, reason in refused.items():
+            where = "not even in rejects" if index in lost else "stored in rejects instead"
+            failures[index] = ItemRejectedError(
+                f"MongoDB cannot take {_what(records[index], self._products)} ({reason}): {where}"
+            )
+        for index, reason in lost.items():
+            failures.setdefault(index, ItemRejectedError(f"MongoDB refused the reject ({reason})"))
+        return failures
+
+    async def _write_items(
+        self, name: str, records: _Group, counts: Counter[str]
+    ) -> dict[int, str]:
+        """Write one collection's records by ``_id``; return why MongoDB cannot take some."""
+        try:
+            collection = self._database[name]
+        except InvalidName as exc:  # a record not made by this store: checked when made
+            return dict.fromkeys((index for index, _ in records), f"InvalidName: {exc}")
+        refused: dict[int, str] = {}
+        groups: dict[str, _Group] = {}
+        for index, record in records:
+            reason = unencodable(document(record, 0, 0), self._max_bson)
+            if reason is None:
+                groups.setdefault(record["id"], []).append((index, record))
+            else:
+                refused[index] = reason
+        if not groups:
+            return refused
+        stored = {
+            doc["_id"]: (doc.get("content_hash"), stored_ms(doc.get("last_seen")))
+            async for doc in _lookup(collection, list(groups), {"content_hash": 1, "last_seen": 1})
+        }
+        plans = [plan(key, group, stored.get(key)) for key, group in groups.items()]
+        new = [p for p in plans if p.insert]
+        inserts = [InsertOne(document(p.winner, p.first_ms, p.last_ms)) for p in new]
+        # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
+        # another writer (duplicate _id) is redone as a conditional update.
+        more, duplicates = await self._bulk(collection, inserts, [p.group for p in new])
+        refused.update(more)
+        redo = [new[i] for i in duplicates] + [p for p in plans if not p.insert]
+        updates = [(op, p) for p in redo if (op := p.update()) is not None]
+        more, _ = await self._bulk(
+            collection, [op for op, _ in updates], [p.group for _, p in updates]
+        )
+        refused.update(more)
+        for planned in plans:
+            if planned.group[0][0] not in refused:
+                counts.update(planned.counts)
+        return refused
+
+    async def _write_rejects(self, rejects: _Group) -> dict[int, str]:
+        """Store rejects by ``_id`` unless a newer one is stored; return the refused ones."""
+        collection = self._database[self._rejects]
+        refused: dict[int, str] = {}
+        groups: dict[str, _Group] = {}
+        for index, record in rejects:
+            groups.setdefault(record["id"], []).append((index, record))
+        docs: dict[str, _Document] = {}
+        for key, group in groups.items():
+            newest = max(group, key=lambda item: item[1]["seen"])[1]
+            doc = {"_id": key, **newest["doc"], "rejected_at": from_ms(to_ms(newest["seen"]))}
+            reason = unencodable(doc, self._max_bson)
+            if reason is None:
+                docs[key] = doc
+            else:  # a bounded copy always encodes: only a reject not made by save_reject
+                logger.error("cannot encode the reject %s: %s", key[:200], reason)
+                refused.update((index, reason) for index, _ in group)
+        stored = {
+            doc["_id"]: doc.get("rejected_at")
+            async for doc in _lookup(collection, list(docs), {"rejected_at": 1})
+        }
+        # No conditional upserts: FerretDB 1.24 answers a failed one without the counts pymongo
+        # reads. New rejects are inserted, older ones replaced, newer ones (another node's, or
+        # this node's before a replay) kept.
+        new = [key for key in docs if key not in stored]
+        more, duplicates = await self._bulk(
+            collection, [InsertOne(docs[key]) for key in new], [groups[key] for key in new]
+        )
+        refused.update(more)
+        older = [new[i] for i in duplicates] + [
+            key for key, at in stored.items() if not (at and at >= docs[key]["rejected_at"])
+        ]
+        ops = [
+            ReplaceOne({"_id": key, "rejected_at": {"$lt": docs[key]["rejected_at"]}}, docs[key])
+            for key in older
+        ]
+        more, _ = await self._bulk(collection, ops, [groups[key] for key in older])
+        refused.update(more)
+        return refused
+
+    async def _bulk(
+        self,
+        collection: AsyncCollection[_Document],
+        ops: Sequence[Any],
+        groups: Sequence[_Group],
+    ) -> tuple[dict[int, str], list[int]]:
+        """Run ``ops`` unordered; return refused records by index, and the duplicate-key ops."""
+        refused: dict[int, str] = {}
+        duplicates: list[int] = []
+        commands = [(start, ops[start : start + _MAX_OPS_PER_COMMAND])
+                    for start in range(0, len(ops), _MAX_OPS_PER_COMMAND)]  # fmt: skip
+        while commands:
+            start, command = commands.pop(0)
+            try:
+                await collection.bulk_write(list(command), ordered=False)
+            except KeyError:
+                # FerretDB 1.24 answers an update with a write error without the counts pymongo
+                # reads (and stops at that op): send the ops one by one to find the one refused.
+                if len(command) > 1:
+                    commands[:0] = [(start + i, [op]) for i, op in enumerate(command)]
+                    continue
+                self._stats.inc_value("mongo/write_errors")
+                for index, _ in groups[start]:
+                    refused[index] = "WriteError: refused by the server, which gave no reason"
+                logger.error("MongoDB refused a write to %s and gave no reason", collection.name)
+            except BulkWriteError as exc:
+                if exc.details.get("writeConcernErrors"):
+                    raise  # not acknowledged as asked: the whole batch is retried
+                errors = exc.details.get("writeErrors", [])
+                for error in errors:
+                    code, message = error.get("code"), str(error.get("errmsg", "write error"))
+                    if code == _DUPLICATE_KEY:
+                        duplicates.append(start + error["index"])
+                        continue
+                    failure = OperationFailure(message, code)
+                    if severity(failure) == "transient":
+                        raise failure from exc  # a failover mid-batch: the whole batch again
+                    for index, _ in groups[start + error["index"]]:
+                        refused[index] = f"WriteError {code}: {message[:200]}"
+                if len(duplicates) < len(errors):
+                    self._stats.inc_value("mongo/write_errors", len(errors) - len(duplicates))
+                    logger.error(
+                        "MongoDB refused %d of %d writes to %s, first: %s",
+                        len(errors) - len(duplicates), len(ops), collection.name,
+                        next(e.get("errmsg") for e in errors if e.get("code") != _DUPLICATE_KEY),
+                    )  # fmt: skip
+            except OperationFailure as exc:
+                if exc.code != _INVALID_NAMESPACE:
+                    raise  # an outage, or a fault of the whole server: the journal takes it
+                # A collection the server refuses (checked when an item is placed): only its
+                # items are refused, so that a record of it can never block the journal.
+                self._stats.inc_value("mongo/write_errors", len(command))
+                for offset in range(len(command)):
+                    for index, _ in groups[start + offset]:
+                        refused[index] = f"InvalidNamespace: {str(exc)[:200]}"
+                logger.error("MongoDB refused the collection %s: %s", collection.name, exc)
+        return refused, duplicates
+
+
+@dataclass
+class Plan:
+    """What one batch does to one ``_id``: its records (oldest first) and their outcome."""
+
+    key: str
+    group: _Group
+    counts: Counter[str]
+    winner: Record  # the record whose content is written, if any
+    writes_content: bool
+    insert: bool
+    first_ms: int
+    last_ms: int
+    stored_last_ms: int | None
+
+    def update(self) -> UpdateOne | None:
+        """The update of a stored document, or None when nothing moves."""
+        first, last = from_ms(self.first_ms), from_ms(self.last_ms)
+        if self.writes_content:
+            # Only over content seen before this record: a newer write by another node stays.
+            match: dict[str, Any] = {"_id": self.key}
+            if self.insert or self.stored_last_ms is not None:
+                match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
+            return UpdateOne(
+                match,
+                {
+                    "$set": content(self.winner),
+                    "$min": {"first_seen": first},
+                    "$max": {"last_seen": last},
+                },
+            )
+        if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
+            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": last}})
+        return None
+
+
+def plan(key: str, group: _Group, stored: tuple[str | None, int | None] | None) -> Plan:
+    """Apply an ``_id``'s records in the order they were seen, against what is stored."""
+    ordered = sorted(group, key=lambda item: item[1]["seen"])
+    counts: Counter[str] = Counter()
+    current, last = stored if stored is not None else (None, None)
+    exists, winner, writes = stored is not None, ordered[-1][1], False
+    for _, record in ordered:
+        seen = to_ms(record["seen"])
+        if not exists:
+            counts["inserted"] += 1
+            exists, current, last, winner, writes = True, record["hash"], seen, record, True
+        elif record["hash"] == current:
+            counts["unchanged"] += 1
+            last = seen if last is None else max(last, seen)
+        elif last is not None and seen <= last:
+            counts["stale"] += 1  # older than the stored content: a late replay
+        else:
+            counts["updated"] += 1
+            current, last, winner, writes = record["hash"], seen, record, True
+    first = to_ms(ordered[0][1]["seen"])
+    assert last is not None
+    return Plan(key, ordered, counts, winner, writes, stored is None, first, last,
+                stored[1] if stored is not None else None)  # fmt: skip
+
+
+def content(record: Record) -> _Document:
+    """What a content write sets: the document, its hash and the crawl that wrote it."""
+    return {**record["doc"], "content_hash": record["hash"], "crawl_id": record["crawl_id"]}
+
+
+def document(record: Record, first_ms: int, last_ms: int) -> _Document:
+    """The whole document of an item record, as first inserted."""
+    return {
+        "_id": record["id"],
+        **content(record),
+        "first_seen": from_ms(first_ms),
+        "last_seen": from_ms(last_ms),
+    }
+
+
+async def _lookup(
+    collection: AsyncCollection[_Document], keys: list[str], projection: dict[str, int]
+) -> AsyncIterator[_Document]:
+    """The stored documents of *keys*, in queries that each fit a command."""
+    start = 0
+    while start < len(keys):
+        end, size = start, 0
+        while end < len(keys) and (end == start or size + len(keys[end]) * 4 <= _MAX_LOOKUP_BYTES):
+            size += len(keys[end]) * 4
+            end += 1
+        async for doc in collection.find({"_id": {"$in": keys[start:end]}}, projection):
+            yield doc
+        start = end
+
+
+def _what(record: Record, products_collection: str) -> str:
+    if collection_of(record, products_collection) == products_collection:
+        return f"product {record['id']}"
+    return f"{record.get('type') or 'item'} {str(record['id'])[:200]} in {record['collection']}"
