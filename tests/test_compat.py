@@ -194,3 +194,37 @@ def test_redis_params_the_client_does_not_take_stop_the_node() -> None:
         _settings(REDIS_PARAMS={"no_such_option": 1})
     with pytest.raises(FleetConfigError, match="decode_responses"):
         _settings(REDIS_PARAMS={"decode_responses": True})
+
+
+def test_redis_params_name_no_server_and_their_db_joins_the_url() -> None:
+    with pytest.raises(FleetConfigError, match=r"REDIS_PARAMS\['host'\]"):
+        _settings(REDIS_PARAMS={"host": "10.0.0.9"})
+    with pytest.raises(FleetConfigError, match="put the database in"):
+        _settings(REDIS_URL="redis://10.0.0.9:6379/0", REDIS_PARAMS={"db": 2})
+    config = FrontierConfig.from_settings(_settings(REDIS_PARAMS={"db": 2, "password": "pw"}))
+    assert (config.redis_url, config.redis_params) == (
+        "redis://127.0.0.1:6379/2",
+        {"password": "pw"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("slot", "url", "taken"),
+    [
+        ("book-shop", "http://127.0.0.1:8080/b", "book-shop"),
+        ("Book-Shop", "http://127.0.0.1:8080/b", "book-shop"),
+        ("127.0.0.1", "http://127.0.0.1:8080/b", None),  # Scrapy's own slot of the host
+        ("x\ny", "http://127.0.0.1:8080/b", None),  # would break an in-flight member
+        ("x" * 201, "http://127.0.0.1:8080/b", None),
+        (7, "http://127.0.0.1:8080/b", None),
+    ],
+)
+def test_a_download_slot_is_a_politeness_unit_only_when_it_is_the_spiders(
+    slot: Any, url: str, taken: str | None
+) -> None:
+    from scrapy import Request
+
+    scheduler = _scheduler()
+    assert scheduler._slot_of(Request(url, meta={"download_slot": slot})) == taken
+    redirected = Request(url, meta={"download_slot": "book-shop", "redirect_urls": ["http://a/"]})
+    assert scheduler._slot_of(redirected) is None

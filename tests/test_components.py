@@ -200,6 +200,19 @@ def test_max_retry_times_in_meta_wins_over_retry_times(redis_url: str, keyspace:
     assert OUTCOME_META_KEY not in not_retried.meta
 
 
+@pytest.mark.parametrize("meta", [{"max_retry_times": "many"}, {"priority_adjust": [1]}])
+def test_retry_meta_that_is_not_a_number_falls_back_to_the_settings(
+    redis_url: str, keyspace: KeySpace, meta: dict[str, Any]
+) -> None:
+    """A payload from Redis may carry anything in meta: the page still retries, never lost."""
+    crawler = _crawler(redis_url, keyspace, RETRY_TIMES=2)
+    middleware = build_from_crawler(FrontierRetryMiddleware, crawler)
+    request = _leased("http://shop.test/p", **meta)
+    copy = middleware.process_response(request, Response(request.url, status=500, request=request))
+    assert isinstance(copy, Request)
+    assert (copy.meta["retry_times"], copy.priority) == (1, -1)
+
+
 def test_retry_middleware_leaves_requests_it_did_not_lease_alone(
     redis_url: str, keyspace: KeySpace
 ) -> None:

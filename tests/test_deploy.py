@@ -215,13 +215,15 @@ def test_deploy_builds_one_egg_for_every_node_and_leaves_the_tree_clean(scrapyds
     version = re.search(r"as version (\d+)", done.stdout)
     assert version, done.stdout
     for server in (a, b):
-        expected = f"node {server.url}: deployed fleetcrawl {version[1]} (1 spider)"
+        # products, and the spider kit's schemaorg, catalogue_api, articles, article_sitemap
+        expected = f"node {server.url}: deployed fleetcrawl {version[1]} (5 spiders)"
         assert expected in done.stdout
     assert PASSWORD not in done.stdout + done.stderr
     eggs = [s.folder / "eggs" / "fleetcrawl" / f"{version[1]}.egg" for s in (a, b)]
     assert eggs[0].read_bytes() == eggs[1].read_bytes(), "built twice"
     names = zipfile.ZipFile(eggs[0]).namelist()
     assert {"project/settings.py", "spiders/products.py", "pipelines/mongo.py"} <= set(names)
+    assert "project/templates/spiders/fleet.tmpl" in names
     assert not [name for name in names if name.startswith("tests/")]
     assert not [name for name in names if name.startswith("project/ops/")], "tooling shipped"
     assert {"project/frontier/lua/step.lua", "project/frontier/lua/step/lease.lua",

@@ -74,9 +74,11 @@ def test_the_article_spiders_store_every_article_once(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], spider: str
 ) -> None:
     """A CrawlSpider over listings and tags, and a SitemapSpider from robots.txt."""
-    shop = make_shop(products=10, articles=60)
+    shop = make_shop(products=10, articles=60, latency_ms=30)
     fleet.spider = spider
     fleet.spider_args = {"site": shop.base_url}
+    # A small site: fewer downloads at once per node, so both nodes get some.
+    fleet.settings = {"CONCURRENT_REQUESTS": 4, "FRONTIER_PREFETCH": 0}
     _run_two_nodes(fleet)
     _assert_two_nodes_finished(fleet)
 

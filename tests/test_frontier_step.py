@@ -561,3 +561,103 @@ def test_maintenance_forgets_the_counters_of_sites_idle_for_ten_minutes(
 def long_ago_bound(client) -> int:
     seconds, _ = client.time()
     return (int(seconds) - 60) * 1000
+
+
+# -- issue 13: the start claim, seeds of either type, the SCHEDULER_PERSIST flush ---------------
+
+
+def test_one_node_claims_start_and_ends_it_in_the_step_that_enqueues_its_last_request(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        assert await a.claim_start(new_crawl=True) == "claimed"
+        assert await b.claim_start(new_crawl=True) == "running"
+        busy = await b.step(StepBatch(maintain=True))
+        assert busy.counts is not None
+        assert busy.counts[4] == 1, "the fleet is busy while start() runs"
+        done = await a.step(StepBatch(enqueue=[entry(1)], start="done"))
+        assert done.start_held
+        assert (await b.claim_start(new_crawl=False)) == "done"
+        # the reply of that step was lost and the node sends "done" again: still its own
+        assert (await a.step(StepBatch(start="done"))).start_held
+        # the crawl goes on: a node starting now does not start it again
+        assert (await b.claim_start(new_crawl=True)) == "done"
+        (leased,) = (await b.step(StepBatch(want=1))).leased
+        await b.step(StepBatch(acks=[b.request_member(leased.site, leased.payload)]))
+        # nothing left anywhere: a node starting now begins a new crawl
+        assert (await b.claim_start(new_crawl=True)) == "claimed"
+        assert not (await a.step(StepBatch(start="run"))).start_held, "node-b's claim now"
+
+    run(redis_url, keys, scenario)
+
+
+def test_a_claim_not_extended_expires_to_a_waiting_node(redis_url: str, keys: FrontierKeys) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        assert await a.claim_start(new_crawl=True) == "claimed"
+        assert await b.claim_start(new_crawl=False) == "running"
+        await asyncio.sleep(0.4)  # the lease is 300 ms here
+        assert await b.claim_start(new_crawl=False) == "claimed"
+
+    run(redis_url, keys, scenario)
+
+
+@pytest.mark.parametrize("command", ["sadd", "rpush"])
+def test_seeds_come_from_the_key_as_it_is_and_go_back_as_it_is_now(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys, command: str
+) -> None:
+    getattr(redis_client, command)(keys.start_urls, "http://s/1")
+    kind = "T" if command == "sadd" else "S"
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        taken = await a.step(StepBatch(seed_want=4))
+        assert (taken.seeds, taken.seeds_kind) == ([b"http://s/1"], kind)
+        assert a.seed_member(b"http://s/1", kind) in await a.server.zrange(keys.inflight, 0, -1)
+        # meanwhile someone pushes a seed as the other type: the key is that type now
+        if command == "sadd":
+            await a.server.rpush(keys.start_urls, "http://s/2")
+        else:
+            await a.server.delete(keys.start_urls)
+            await a.server.sadd(keys.start_urls, "http://s/2")
+        await asyncio.sleep(0.4)
+        reaped = await b.step(StepBatch(maintain=True))
+        assert reaped.reaped == 1
+        back = await a.server.type(keys.start_urls)
+        members = (
+            await a.server.smembers(keys.start_urls)
+            if back == b"set"
+            else await a.server.lrange(keys.start_urls, 0, -1)
+        )
+        assert set(members) == {b"http://s/1", b"http://s/2"}, "no seed lost either way"
+
+    run(redis_url, keys, scenario)
+
+
+def test_a_seed_key_of_another_type_gives_no_seeds_and_no_error(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    redis_client.set(keys.start_urls, "not a list")
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        result = await a.step(StepBatch(enqueue=[entry(1)], seed_want=4, want=1))
+        assert (result.seeds, len(result.leased)) == ([], 1)
+
+    run(redis_url, keys, scenario)
+
+
+def test_the_persist_off_flush_deletes_only_a_crawl_that_is_still_over(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    script = lua.load("flush")
+    flush = redis_client.register_script(script.source)
+    redis_client.sadd(keys.dupefilter, "fp")
+    redis_client.lpush(keys.dead, "{}")
+    redis_client.lpush(keys.start_urls, "http://s/new")  # pushed while the nodes were closing
+    assert flush(keys=script.keys_from(keys)) == -1
+    assert redis_client.exists(keys.dupefilter)
+    redis_client.delete(keys.start_urls)
+    redis_client.set(keys.start, "run\nnode-c")  # a node began a new crawl
+    assert flush(keys=script.keys_from(keys)) == -1
+    redis_client.set(keys.start, "done")
+    assert flush(keys=script.keys_from(keys)) == 2  # the seen-set and the claim
+    assert not redis_client.exists(keys.dupefilter, keys.start)
+    assert redis_client.llen(keys.dead) == 1, "dead letters stay"

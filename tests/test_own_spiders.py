@@ -180,3 +180,22 @@ def test_a_node_killed_in_the_middle_of_start_hands_it_to_a_waiting_node(
     hits = shop.stats()["product_hits"]
     assert set(hits) == {str(n) for n in range(1, 21)}, "no start request lost"
     assert mongo.slow_start.count_documents({}) == 20
+
+
+@pytest.mark.slow
+def test_a_start_that_raises_ends_the_claim_and_the_fleet_finishes_what_it_yielded(
+    fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
+) -> None:
+    shop = make_shop(products=5)
+    fleet.cwd = PROJECT
+    fleet.spider = "broken_start"
+    fleet.spider_args = {"site": shop.base_url}
+    fleet.settings = _mongo_settings(fleet, tmp_path)
+    fleet.start_node()
+    fleet.start_node()
+    assert fleet.wait(60) == [0, 0], "nobody waits for a start() that failed"
+    assert sorted(shop.stats()["product_hits"]) == ["1", "2", "3"]
+    assert mongo.broken_start.count_documents({}) == 3
+    logs = fleet.log(0) + fleet.log(1)
+    assert logs.count("the product list went away") >= 1
+    assert "Another node runs start()" in logs, "one node ran it, the other waited"

@@ -78,7 +78,8 @@ class FrontierConfig:
     redis_db: int = setting("REDIS_DB", 0, shown="unset (REDIS_URL)")
     #: Keyword arguments of the Redis client (password, db, socket timeouts, ssl, ...).
     redis_params: dict[str, Any] = setting("REDIS_PARAMS", {})
-    #: Seeds are pushed to a set (``redis-cli sadd``), not a list.
+    #: Seeds are pushed to a set (``redis-cli sadd``), not a list. The step reads the key as
+    #: what it is either way; this says so at start.
     seeds_as_set: bool = setting("REDIS_START_URLS_AS_SET", False)
     #: False: when the fleet's crawl finished, its queue and seen-set are deleted.
     persist: bool = setting("SCHEDULER_PERSIST", True)
@@ -110,8 +111,24 @@ class FrontierConfig:
         )
         values["node_id"] = values["node_id"] or default_node_id()
         values["heartbeat_seconds"] = values["heartbeat_seconds"] or values["lease_seconds"] / 4
-        if settings.get("REDIS_URL") is None and any(
-            settings.get(name) is not None for name in ("REDIS_HOST", "REDIS_PORT", "REDIS_DB")
+        params = dict(values["redis_params"])
+        for name in ("host", "port"):
+            if name in params:
+                raise NotConfigured(
+                    f"REDIS_PARAMS[{name!r}]: name the server with REDIS_URL (or REDIS_HOST and"
+                    " REDIS_PORT)"
+                )
+        if "db" in params:
+            if settings.get("REDIS_URL") is not None:
+                raise NotConfigured(
+                    "REDIS_PARAMS['db'] and REDIS_URL are both set: put the database in"
+                    " REDIS_URL (redis://host:6379/N)"
+                )
+            values["redis_db"] = int(params.pop("db"))
+        values["redis_params"] = params
+        if settings.get("REDIS_URL") is None and (
+            values["redis_db"] != 0
+            or any(settings.get(name) is not None for name in ("REDIS_HOST", "REDIS_PORT"))
         ):
             host, port = values["redis_host"] or "127.0.0.1", values["redis_port"] or 6379
             host = f"[{host}]" if ":" in host else host
@@ -202,6 +219,8 @@ def _redis_params(url: str, params: dict[str, Any]) -> dict[str, Any]:
         for k, v in params.items()
         if (k, v) not in (("encoding", "utf-8"), ("retry_on_timeout", True))
     }
+    if not params or not url.startswith(("redis://", "rediss://", "unix://")):
+        return params  # a URL that is not one is refused where it is used, saying so
     try:
         # a connection object, never connected: its constructor checks every keyword
         redis.asyncio.ConnectionPool.from_url(url, **params).make_connection()  # type: ignore[no-untyped-call]

@@ -171,6 +171,11 @@ class FrontierLoop:
         """This node holds the claim on the spider's start(): extend it with the heartbeats."""
         self._start = "run"
 
+    @property
+    def runs_start(self) -> bool:
+        """Whether this node holds the claim on the spider's start() (not lost, not ended)."""
+        return self._start == "run"
+
     def end_start(self) -> None:
         """start() is over: end the claim once every request it yielded is in Redis."""
         if self._start == "run":
@@ -434,7 +439,7 @@ class FrontierLoop:
         if result.duplicate_at:
             self._log_duplicates([batch.enqueue[i][3] for i in result.duplicate_at])
         self._accept_leases(result.leased)
-        self._accept_seeds(result.seeds, seed_want)
+        self._accept_seeds(result.seeds, seed_want, result.seeds_kind)
         moved = bool(batch.enqueue or result.leased or result.seeds or batch.acks)
         self._check_finished(moved)
         if result.leased or result.seeds or self.finished:
@@ -513,11 +518,11 @@ class FrontierLoop:
             lease = _Lease(member, entry.site, entry.payload, now)
             heapq.heappush(self._heap, (entry.score, self._heap_counter, request, lease))
 
-    def _accept_seeds(self, seeds: list[bytes], asked: int) -> None:
+    def _accept_seeds(self, seeds: list[bytes], asked: int, kind: str = "S") -> None:
         if asked and len(seeds) < asked:
             self._seeds_maybe = False
         for raw in seeds:
-            member = self.queue.seed_member(raw)
+            member = self.queue.seed_member(raw, kind)
             try:
                 requests = requests_from_seed(self.spider, raw)
                 for request in requests:

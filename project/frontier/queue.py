@@ -78,6 +78,8 @@ class StepResult:
     start_held: bool = False
     #: Positions in the batch's ``enqueue`` of the duplicates, when asked.
     duplicate_at: list[int] = field(default_factory=list)
+    #: "S": the seeds came from a list, "T": from a set (see :meth:`LeasedQueue.seed_member`).
+    seeds_kind: str = "S"
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -99,7 +101,6 @@ class LeasedQueue(Base):  # type: ignore[misc]
         lease_ms: int,
         limits: SiteLimits,
         max_deliveries: int = 3,
-        seeds_as_set: bool = False,
     ) -> None:
         self.server = server
         self.spider = spider
@@ -109,7 +110,6 @@ class LeasedQueue(Base):  # type: ignore[misc]
         self.lease_ms = lease_ms
         self.limits = limits
         self.max_deliveries = max_deliveries
-        self.seeds_as_set = seeds_as_set
         self.member_prefix = node_id.encode() + b"\n"
         self._scripts = {name: lua.load(name) for name in ("step", "release", "start")}
         self._step = server.register_script(self._scripts["step"].source)
@@ -131,7 +131,6 @@ class LeasedQueue(Base):  # type: ignore[misc]
             "seed_want": batch.seed_want,
             "maintain": batch.maintain,
             "max_deliveries": self.max_deliveries,
-            "seeds_set": self.seeds_as_set,
             "limits": {
                 "rate": lim.rate,
                 "concurrency": lim.concurrency,
@@ -200,6 +199,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
             stale=int(stale),
             offsite=int(offsite),
             start_held=bool(reply[11]),
+            seeds_kind=reply[13].decode() if isinstance(reply[13], bytes) else str(reply[13]),
             duplicate_at=[int(i) for i in reply[12]],
         )
 
@@ -223,9 +223,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
         """The in-flight member under which this node holds *payload* of *site*."""
         return self.member_prefix + b"R" + site.encode("utf-8", "surrogateescape") + b"\n" + payload
 
-    def seed_member(self, raw: bytes) -> bytes:
-        """The in-flight member under which this node holds the raw seed *raw*."""
-        return self.member_prefix + (b"T" if self.seeds_as_set else b"S") + raw
+    def seed_member(self, raw: bytes, kind: str = "S") -> bytes:
+        """The in-flight member under which this node holds the raw seed *raw* (*kind*: "S"
+        for a seed of the list, "T" of the set, as the step took it)."""
+        return self.member_prefix + kind.encode() + raw
 
     def __len__(self) -> int:
         raise TypeError("LeasedQueue has no cheap length: see project.monitoring.status")

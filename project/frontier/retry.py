@@ -48,6 +48,14 @@ def retry_after(response: Response) -> float:
         return 0.0
 
 
+def _meta_int(request: Request, key: str, default: int) -> int:
+    """An integer a spider (or a payload from Redis) put in meta; anything else: *default*."""
+    value = request.meta.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 1_000_000:
+        return value
+    return default
+
+
 def _retriable(request: Request) -> bool:
     # Only the frontier's own leases go back through Redis; requests a component
     # downloads directly (robots.txt) are not retried, as before.
@@ -97,13 +105,12 @@ class RetryPolicy:
         """The retry copy of *request* to return to the engine, or None: a dead letter then."""
         spider: Spider | None = self.crawler.spider
         assert spider is not None
-        max_times = request.meta.get("max_retry_times")
         copy = get_retry_request(
             request,
             spider=spider,
             reason=reason if reason is not None else error,
-            max_retry_times=self.config.max_retries if max_times is None else int(max_times),
-            priority_adjust=request.meta.get("priority_adjust", self.config.priority_adjust),
+            max_retry_times=_meta_int(request, "max_retry_times", self.config.max_retries),
+            priority_adjust=_meta_int(request, "priority_adjust", self.config.priority_adjust),
             logger=logger,
         )
         if copy is None:

@@ -17,12 +17,13 @@ from redis.exceptions import AuthenticationError, RedisError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.python import global_object_name
 from scrapy_redis.scheduler import Scheduler
 from scrapy_redis.spiders import RedisMixin
 
-from project.frontier.admin import site_queue_pattern
+from project.frontier import lua
 from project.frontier.config import FrontierConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import FrontierKeys, KeyTemplates
@@ -60,6 +61,8 @@ __all__ = ["FleetScheduler"]
 logger = logging.getLogger(__name__)
 
 _schedulers: WeakKeyDictionary[Crawler, FleetScheduler] = WeakKeyDictionary()
+#: Longest meta download_slot taken as a politeness unit.
+_MAX_SLOT = 200
 
 
 class FleetScheduler(Scheduler):  # type: ignore[misc]
@@ -130,7 +133,6 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             int(config.lease_seconds * 1000),
             config.limits,
             config.max_deliveries,
-            seeds_as_set=config.seeds_as_set,
         )
         self.df, self._local_filter, self._filtering = self._dupefilters()
         self.loop = FrontierLoop(
@@ -298,20 +300,28 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     async def _flush_frontier(self) -> None:
         """SCHEDULER_PERSIST = False: the fleet's crawl is over, so its queue and seen-set go.
 
-        Dead letters stay for inspection (``fleetcrawl failures``), as do node records.
+        One script checks that it is still over and deletes in the same step
+        (lua/flush.lua); dead letters stay for inspection, as do node records.
         """
+        script = lua.load("flush")
         try:
-            pattern = site_queue_pattern(self.keys)
-            doomed = [key async for key in self.server.scan_iter(match=pattern, count=1000)]
-            doomed += [key for key in self.keys.frontier() if key != self.keys.dead]
-            for start in range(0, len(doomed), 1000):
-                await self.server.delete(*doomed[start : start + 1000])
+            deleted = int(
+                await self.server.eval(
+                    script.source, len(script.keys), *script.keys_from(self.keys)
+                )
+            )
         except RedisError as exc:
             logger.error("SCHEDULER_PERSIST is off but the frontier stays: %s", exc)
             return
+        if deleted < 0:
+            logger.info(
+                "SCHEDULER_PERSIST is off, but the frontier has work again: it stays",
+                extra={"spider": self.spider},
+            )
+            return
         logger.info(
             "SCHEDULER_PERSIST is off: deleted the finished crawl's queue and seen-set (%d keys)",
-            len(doomed),
+            deleted,
             extra={"spider": self.spider},
         )
 
@@ -364,7 +374,13 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return None
         if "redirect_urls" in request.meta or "retry_times" in request.meta:
             return None
-        return slot[:200].lower()
+        if slot == urlparse_cached(request).hostname:
+            return None  # Scrapy's own slot of the host (a child given meta=response.meta)
+        if len(slot) > _MAX_SLOT or not slot.isprintable():
+            # a newline would break the in-flight member "<node>\nR<site>\n<payload>"
+            self.stats.inc_value("frontier/refused/download_slot")
+            return None
+        return slot.lower()
 
     def _scope(self, request: Request, site: str, seed: bool) -> str:
         """Where *request* may go (see lua/step/enqueue.lua): only the crawl's sites by default."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy import FormRequest, Request
 from scrapy_redis.spiders import RedisMixin, RedisSpider
@@ -11,8 +11,6 @@ from project.frontier.config import FrontierConfig
 from project.frontier.seeds import InvalidSeed, Seed, parse_seed
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from scrapy import Spider
 
 __all__ = ["FleetSpider", "has_own_seeds", "requests_from_seed", "seed_key"]
@@ -25,11 +23,6 @@ class FleetSpider(RedisSpider):  # type: ignore[misc]
     frontier too; this base adds the strict seed format (:func:`parse_seed`) and
     :meth:`make_request_from_seed`, the place to route seeds.
     """
-
-    async def start(self) -> AsyncIterator[Any]:
-        """Nothing to start with: seeds arrive through the frontier."""
-        return
-        yield  # pragma: no cover  (makes this an async generator)
 
     def spider_idle(self) -> None:
         """Termination is the frontier's decision, not a 5-second poll."""

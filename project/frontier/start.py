@@ -11,7 +11,6 @@ from scrapy import Request, Spider
 
 from project.frontier.loop import SEED_META_KEY
 from project.frontier.scheduler import FleetScheduler
-from project.frontier.spiders import FleetSpider
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -28,11 +27,8 @@ _WAIT_POLL = 1.0
 
 
 def _starts_nothing(spider: Spider) -> bool:
-    """A spider whose start() is Scrapy's own over no start_urls, or the fleet's empty one."""
-    start = type(spider).start
-    if start is FleetSpider.start:
-        return True
-    return start is Spider.start and not getattr(spider, "start_urls", None)
+    """A spider whose start() is Scrapy's own over no start_urls (a scrapy-redis spider's)."""
+    return type(spider).start is Spider.start and not getattr(spider, "start_urls", None)
 
 
 class FleetStartMiddleware:
@@ -82,13 +78,24 @@ class FleetStartMiddleware:
             return
         logger.info("This node runs start() for the fleet", extra={"spider": spider})
         stats.set_value("frontier/start/ran_here", True)
-        async for item in start:
-            if isinstance(item, Request):
-                item.meta[SEED_META_KEY] = True
-                stats.inc_value("frontier/start/requests")
-            yield item
-        assert scheduler.loop is not None
-        scheduler.loop.end_start()
+        loop = scheduler.loop
+        assert loop is not None
+        try:
+            async for item in start:
+                if not loop.runs_start:
+                    # The claim expired (this node stalled) and another node runs start().
+                    stats.inc_value("frontier/start/abandoned")
+                    return
+                if isinstance(item, Request):
+                    item.meta[SEED_META_KEY] = True
+                    stats.inc_value("frontier/start/requests")
+                yield item
+        except Exception:
+            # Scrapy logs the error and crawls on: what start() yielded so far is the crawl's
+            # start, and the fleet must not wait for the rest for ever.
+            loop.end_start()
+            raise
+        loop.end_start()
 
     async def _claim(self, scheduler: FleetScheduler, *, new_crawl: bool) -> str | None:
         """The claim's state; None when Redis cannot be asked (the node closes, or waits)."""

@@ -612,13 +612,14 @@ class StatusReader:
         mongo: MongoConfig | None = None,
         *,
         sites: int = SITES_LISTED,
+        redis_params: dict[str, Any] | None = None,
     ) -> None:
         self.keys = keys
         self.sites = sites
         self.spider = keys.spider
         self.redis_url = redis_url
         self.redis: redis.Redis = redis.Redis.from_url(
-            redis_url, socket_connect_timeout=5, socket_timeout=10
+            redis_url, **{"socket_connect_timeout": 5, "socket_timeout": 10, **(redis_params or {})}
         )
         self.mongo = mongo
         self._mongo: pymongo.MongoClient[dict[str, Any]] | None = None
@@ -629,11 +630,13 @@ class StatusReader:
         cls, settings: BaseSettings, spider: str, *, sites: int = SITES_LISTED
     ) -> StatusReader:
         """The reader of *spider*'s keys and collections under these settings."""
+        frontier = FrontierConfig.from_settings(settings)
         return cls(
-            FrontierConfig.from_settings(settings).redis_url,
+            frontier.redis_url,
             FrontierKeys.from_settings(settings, spider),
             MongoConfig.from_settings(settings, spider_name=spider),
             sites=sites,
+            redis_params=frontier.redis_params,
         )
 
     def read(self) -> dict[str, Any]:

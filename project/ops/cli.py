@@ -54,11 +54,13 @@ def _redis_url(settings: Any) -> str:
     return url
 
 
-def _redis(url: str) -> Any:
+def _redis(url: str, params: dict[str, Any] | None = None) -> Any:
     import redis
 
     try:
-        return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        return redis.Redis.from_url(
+            url, **{"socket_connect_timeout": 5, "socket_timeout": 30, **(params or {})}
+        )
     except ValueError as exc:
         raise CommandError(f"REDIS_URL {mask_url(url)} is not a Redis URL: {exc}", 2) from exc
 
@@ -148,7 +150,10 @@ def _failures(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     url = _redis_url(settings)
-    client, keys = _redis(url), _keys(settings, args.spider)
+    from project.frontier.config import FrontierConfig
+
+    params = FrontierConfig.from_settings(settings).redis_params
+    client, keys = _redis(url, params), _keys(settings, args.spider)
     with _redis_errors(url):
         if args.action == "list":
             records = read_dead_letters(client, keys, args.limit)

@@ -38,7 +38,6 @@
                            every site without an entry in `limits`
                counts     {enqueue, ack, retry, dead, heartbeat, pause, latency}: entries
                            in each ARGV section
-               seeds_set  true: seeds are a set (REDIS_START_URLS_AS_SET), not a list
                list_dupes true: return where the duplicates are in the batch (DUPEFILTER_DEBUG)
                start      'run': extend this node's claim on start(); 'done': its start()
                            is over and its requests are in (this step enqueues the last)
@@ -50,7 +49,8 @@
            milliseconds until the next throttled site may go, or false,
            poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped,
            1 if this node still holds the start claim it asked to extend or end, else 0,
-           {batch position of a duplicate, ...} when list_dupes}
+           {batch position of a duplicate, ...} when list_dupes,
+           'S' when the seeds came from a list, 'T' from a set (their in-flight members)}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -87,7 +87,7 @@ local reaped, promoted, poisoned = 0, 0, {}
 if opt.maintain then reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries) end
 local first, woke = wake(now)
 local leased, parked = lease(opt.want, now, deadline, opt.node, limits)
-local seeds = take_seeds(opt.seed_want, deadline, opt.node, opt.seeds_set)
+local seeds, seeds_kind = take_seeds(opt.seed_want, deadline, opt.node)
 local start_held = start_claim(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
@@ -103,4 +103,4 @@ end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list}
+        start_held, dupe_list, seeds_kind}

@@ -42,9 +42,18 @@ local function put_back(members)
         end
     end
     push_payloads(requests)
-    if #seeds > 0 then chunked('RPUSH', K.start_urls, seeds) end
-    if #set_seeds > 0 then chunked('SADD', K.start_urls, set_seeds) end
-    return #requests + #seeds + #set_seeds
+    -- back to what the key is now (someone may have pushed to it as the other type since);
+    -- a key of any other type takes none: they are counted as put back, and lost
+    local now_type = redis.call('TYPE', K.start_urls).ok
+    for _, s in ipairs(set_seeds) do seeds[#seeds + 1] = s end
+    if #seeds > 0 then
+        if now_type == 'set' or (now_type == 'none' and #set_seeds == #seeds) then
+            chunked('SADD', K.start_urls, seeds)
+        elseif now_type == 'list' or now_type == 'none' then
+            chunked('RPUSH', K.start_urls, seeds)
+        end
+    end
+    return #requests + #seeds
 end
 
 -- Expired or released in-flight members go back where they came from; returns how many.

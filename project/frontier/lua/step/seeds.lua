@@ -5,26 +5,30 @@
 
   Keys: start_urls, inflight.
   ARGV section: none.
-  Options used: node, seed_want, seeds_set (REDIS_START_URLS_AS_SET: SPOP, not RPOP)
-  Returns: seeds {raw, ...}
+  Options used: node, seed_want
+  Seeds are taken from what the key is: a list (RPOP) or a set (SPOP: REDIS_START_URLS_AS_SET,
+  or anyone's `redis-cli sadd`); a key of another type gives none (no error after the
+  phases before this one have written).
+  Returns: seeds {raw, ...}, and their kind: 'S' from a list, 'T' from a set
 ]]
-local function take_seeds(count, deadline, node, as_set)
+local function take_seeds(count, deadline, node)
     local seeds = {}
-    if count <= 0 then return seeds end
-    local popped
-    if as_set then popped = redis.call('SPOP', K.start_urls, count)
-    else popped = redis.call('RPOP', K.start_urls, count) end
-    if not popped or #popped == 0 then return seeds end
+    if count <= 0 then return seeds, 'S' end
+    local kind = redis.call('TYPE', K.start_urls).ok
+    local popped, tag
+    if kind == 'list' then popped, tag = redis.call('RPOP', K.start_urls, count), 'S'
+    elseif kind == 'set' then popped, tag = redis.call('SPOP', K.start_urls, count), 'T'
+    else return seeds, 'S' end
+    if not popped or #popped == 0 then return seeds, tag end
     local args = {}
-    -- 'T': a seed of a set, which goes back to the set
-    local prefix = node .. (as_set and '\nT' or '\nS')
+    local prefix = node .. '\n' .. tag
     for _, raw in ipairs(popped) do
         args[#args + 1] = deadline
         args[#args + 1] = prefix .. raw
         seeds[#seeds + 1] = raw
     end
     chunked('ZADD', K.inflight, args, 2)
-    return seeds
+    return seeds, tag
 end
 
 -- Seeds waiting, in a list or (REDIS_START_URLS_AS_SET) a set

@@ -12,7 +12,10 @@
 ]]
 local function start_claim(action, node, lease_ms)
     if not action then return 0 end
-    if redis.call('GET', K.start) ~= 'run\n' .. node then return 0 end
+    local held = redis.call('GET', K.start)
+    -- a 'done' resent after a reply that was lost: it was this node's, and it is done
+    if action == 'done' and held == 'done' then return 1 end
+    if held ~= 'run\n' .. node then return 0 end
     if action == 'done' then
         redis.call('SET', K.start, 'done')
     else

@@ -1,0 +1,38 @@
+--[[
+  Delete a finished crawl's frontier (SCHEDULER_PERSIST = False), only if it is still
+  finished now: nothing queued, delayed, leased or seeded, and no node running start().
+  A node that decided the crawl was over a moment ago must not delete a crawl that began
+  since (new seeds, a node that claimed start() again). Dead letters stay.
+
+  Input:
+    KEYS[1]  queue       ready sites (empty when nothing is queued: site queues are gone)
+    KEYS[2]  inflight    leases
+    KEYS[3]  delayed     retries
+    KEYS[4]  dupefilter  the seen-set
+    KEYS[5]  seq         arrival counter
+    KEYS[6]  start_urls  seeds
+    KEYS[7]  throttled   sites that must wait
+    KEYS[8]  limits      fleet-wide caps
+    KEYS[9]  rates       adaptive rates
+    KEYS[10] buckets     token buckets
+    KEYS[11] active      leases in flight per site
+    KEYS[12] leases      leases ever granted per site
+    KEYS[13] lat_sum     latency sums
+    KEYS[14] lat_n       latency samples
+    KEYS[15] queued      requests queued over all sites
+    KEYS[16] deliveries  expired-lease counts
+    KEYS[17] allowed     the crawl's sites
+    KEYS[18] recent      when each site was last leased
+    KEYS[19] start       the claim on start()
+  Output: keys deleted, or -1 when the crawl is not over (nothing deleted)
+]]
+local seeds
+if redis.call('TYPE', K.start_urls).ok == 'set' then seeds = redis.call('SCARD', K.start_urls)
+else seeds = redis.call('LLEN', K.start_urls) end
+local busy = tonumber(redis.call('GET', K.queued) or 0) + redis.call('ZCARD', K.delayed)
+             + redis.call('ZCARD', K.inflight) + seeds
+local claim = redis.call('GET', K.start)
+if busy > 0 or (claim and string.sub(claim, 1, 4) == 'run\n') then return -1 end
+return redis.call('DEL', K.queue, K.inflight, K.delayed, K.dupefilter, K.seq, K.throttled,
+                  K.limits, K.rates, K.buckets, K.active, K.leases, K.lat_sum, K.lat_n,
+                  K.queued, K.deliveries, K.allowed, K.recent, K.start)
