@@ -175,6 +175,19 @@ class Fleet:
                 proc.wait(10)
 
 
+def scrapy_project(where: Path, package: str, settings: str, **spiders: str) -> Path:
+    """Someone's Scrapy project in *where*, as `scrapy startproject` leaves it: *settings* is
+    its settings.py, *spiders* its spider modules by name."""
+    (where / package / "spiders").mkdir(parents=True)
+    (where / "scrapy.cfg").write_text(f"[settings]\ndefault = {package}.settings\n")
+    (where / package / "__init__.py").write_text("")
+    (where / package / "spiders" / "__init__.py").write_text("")
+    (where / package / "settings.py").write_text(settings)
+    for name, source in spiders.items():
+        (where / package / "spiders" / f"{name}.py").write_text(source)
+    return where
+
+
 def run_cli(
     *args: str, env: dict[str, str], timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

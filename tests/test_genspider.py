@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.fleet import ROOT
+from tests.fleet import ROOT, scrapy_project
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,16 +31,6 @@ MONGO_DATABASE = os.environ["MONGO_DATABASE"]
 """
 
 
-def _project(where: Path) -> Path:
-    """A newcomer's project, as `scrapy startproject` would leave it, with the fleet's add-on."""
-    (where / "newcomer" / "spiders").mkdir(parents=True)
-    (where / "scrapy.cfg").write_text("[settings]\ndefault = newcomer.settings\n")
-    (where / "newcomer" / "__init__.py").write_text("")
-    (where / "newcomer" / "spiders" / "__init__.py").write_text("")
-    (where / "newcomer" / "settings.py").write_text(_SETTINGS)
-    return where
-
-
 def test_the_fleet_template_is_listed_beside_scrapys_own() -> None:
     listed = subprocess.run(
         [sys.executable, "-m", "scrapy", "genspider", "-l"],
@@ -54,7 +44,7 @@ def test_a_spider_made_by_genspider_crawls_with_two_nodes_as_it_is(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Path
 ) -> None:
     shop = make_shop(products=40)
-    project = _project(tmp_path / "newcomer")
+    project = scrapy_project(tmp_path / "newcomer", "newcomer", _SETTINGS)
     made = subprocess.run(
         [sys.executable, "-m", "scrapy", "genspider", "-t", "fleet", "shopcrawl", shop.url("/")],
         cwd=project, env=fleet.env(), capture_output=True, text=True, check=True,

@@ -139,18 +139,23 @@ def test_errbacks_see_only_final_failures_and_every_item_type_is_stored(
         assert node["scheduler/dequeued"] > 0
 
 
+def _slow_start(fleet: Fleet, shop: Any, tmp_path: Any, pause: str) -> None:
+    """Node 0 claims start() of 20 requests *pause* seconds apart, then node 1 starts."""
+    fleet.cwd = PROJECT
+    fleet.spider = "slow_start"
+    fleet.spider_args = {"site": shop.base_url, "products": "20", "pause": pause}
+    fleet.settings = _mongo_settings(fleet, tmp_path)
+    fleet.start_node()
+    wait_for(lambda: "runs start() for the fleet" in fleet.log(0), 30, "node0 to claim start()")
+    fleet.start_node()
+
+
 @pytest.mark.slow
 def test_a_slow_start_is_waited_for_and_seeds_the_fleet_once(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
 ) -> None:
     shop = make_shop(products=20)
-    fleet.cwd = PROJECT
-    fleet.spider = "slow_start"
-    fleet.spider_args = {"site": shop.url("/").rstrip("/"), "products": "20", "pause": "0.3"}
-    fleet.settings = _mongo_settings(fleet, tmp_path)
-    fleet.start_node()
-    wait_for(lambda: "runs start() for the fleet" in fleet.log(0), 30, "node0 to claim start()")
-    fleet.start_node()
+    _slow_start(fleet, shop, tmp_path, "0.3")
     assert fleet.wait(120) == [0, 0]
     assert "Another node runs start() for this crawl: waiting" in fleet.log(1)
     hits = shop.stats()["product_hits"]
@@ -165,13 +170,7 @@ def test_a_node_killed_in_the_middle_of_start_hands_it_to_a_waiting_node(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
 ) -> None:
     shop = make_shop(products=20)
-    fleet.cwd = PROJECT
-    fleet.spider = "slow_start"
-    fleet.spider_args = {"site": shop.url("/").rstrip("/"), "products": "20", "pause": "0.5"}
-    fleet.settings = _mongo_settings(fleet, tmp_path)
-    fleet.start_node()
-    wait_for(lambda: "runs start() for the fleet" in fleet.log(0), 30, "node0 to claim start()")
-    fleet.start_node()
+    _slow_start(fleet, shop, tmp_path, "0.5")
     wait_for(lambda: "waiting for it to end" in fleet.log(1), 30, "node1 to wait")
     time.sleep(2)
     fleet.kill(0)

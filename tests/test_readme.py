@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.fleet import ROOT
+from tests.fleet import ROOT, scrapy_project
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,22 +33,13 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", _section(), re.DOTALL)
 
 
-def _project(where: Path, spider: str) -> Path:
-    """Someone's project with the README's spider in spiders/, as the README says."""
-    (where / "readme" / "spiders").mkdir(parents=True)
-    (where / "scrapy.cfg").write_text("[settings]\ndefault = readme.settings\n")
-    (where / "readme" / "__init__.py").write_text("")
-    (where / "readme" / "spiders" / "__init__.py").write_text("")
-    (where / "readme" / "spiders" / "books.py").write_text(spider)
-    (where / "readme" / "settings.py").write_text(
-        "import os\n"
-        'SPIDER_MODULES = ["readme.spiders"]\n'
-        'ADDONS = {"project.addon.FleetAddon": 0}\n'
-        'REDIS_URL = os.environ["REDIS_URL"]\n'
-        'MONGO_URI = os.environ["MONGO_URI"]\n'
-        'MONGO_DATABASE = os.environ["MONGO_DATABASE"]\n'
-    )
-    return where
+_SETTINGS = """import os
+SPIDER_MODULES = ["readme.spiders"]
+ADDONS = {"project.addon.FleetAddon": 0}
+REDIS_URL = os.environ["REDIS_URL"]
+MONGO_URI = os.environ["MONGO_URI"]
+MONGO_DATABASE = os.environ["MONGO_DATABASE"]
+"""
 
 
 def test_the_section_stays_short_and_shows_each_step() -> None:
@@ -66,7 +57,10 @@ def test_the_readme_spider_runs_on_two_nodes_as_written(
     books = shop.url("/books").rstrip("/")
     spider = _blocks("python")[0]
     assert _EXAMPLE in spider
-    project = _project(tmp_path / "someone", spider.replace(_EXAMPLE, books))
+    # someone's project with the README's spider in spiders/, as the README says
+    project = scrapy_project(
+        tmp_path / "someone", "readme", _SETTINGS, books=spider.replace(_EXAMPLE, books)
+    )
     commands = [shlex.split(line.split("#")[0]) for line in _blocks("sh")[0].splitlines()]
     crawl, seed, _status, query = commands
     assert crawl == [".venv/bin/scrapy", "crawl", "books"]
