@@ -121,8 +121,11 @@ class MongoPipeline:
 
 def _fields(item: Any) -> dict[str, Any]:
     """An item's fields for its reject record (``bounded`` makes them safe to store)."""
-    if isinstance(item, BaseModel):
-        return dict(item)
-    if ItemAdapter.is_item(item):
-        return dict(ItemAdapter(item).items())
+    try:
+        if isinstance(item, BaseModel):
+            return dict(item)
+        if ItemAdapter.is_item(item):
+            return dict(ItemAdapter(item).items())
+    except Exception:  # noqa: BLE001 (an item whose own code raises: its type is all we keep)
+        return {"item": f"<{type(item).__name__}>"}
     return {"item": item}

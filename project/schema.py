@@ -42,6 +42,7 @@ __all__ = [
     "Product",
     "canonical_product_url",
     "field_errors",
+    "is_http_url",
     "normalise_url",
 ]
 
@@ -393,6 +394,11 @@ def normalise_url(url: str) -> str:
     """*url* normalised like a canonical link (``canonicalize_url``, no credentials, no default
     port), or unchanged if it cannot be."""
     return _canonical(url) or url
+
+
+def is_http_url(text: str) -> bool:
+    """*text* is an absolute http(s) URL with a host and a valid port."""
+    return _http_url(text) is not None
 
 
 def _http_url(text: str) -> SplitResult | None:

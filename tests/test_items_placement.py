@@ -6,8 +6,13 @@ import dataclasses
 import datetime
 import enum
 import json
+import os
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator, Mapping
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -145,6 +150,55 @@ def test_a_collection_mongodb_refuses_or_reserved_is_unplaceable(spider: str, re
     assert "MONGO_COLLECTIONS" in info.value.message
 
 
+def test_two_types_defaulting_to_one_collection_are_refused_for_the_second() -> None:
+    books = placer("books")
+    assert books.place({"url": "http://a.test/1"}).collection == "books", "the spider's dicts"
+    with pytest.raises(UnplaceableItemError) as info:
+        books.place(BookItem(url="http://a.test/1"))
+    assert (info.value.item_type, info.value.reason) == ("BookItem", "collection_shared")
+    assert "MONGO_COLLECTIONS" in info.value.message
+    assert "builtins.dict" in info.value.message
+    assert books.place({"url": "http://a.test/2"}).collection == "books", "the first stays"
+    # Products are not placed by collection rules.
+    assert books.place(Product.model_validate(VALID), ProductItem).collection == "products"
+
+
+def test_two_classes_of_one_name_in_different_modules_do_not_share_a_collection() -> None:
+    other = dataclasses.make_dataclass("BookItem", [("url", str)])
+    other.__module__ = "elsewhere.items"
+    chosen = placer()
+    assert chosen.place(BookItem(url="http://a.test/1")).collection == "books"
+    with pytest.raises(UnplaceableItemError) as info:
+        chosen.place(other(url="http://a.test/1"))
+    assert info.value.reason == "collection_shared"
+    assert "tests.test_items_placement.BookItem" in info.value.message
+    assert "elsewhere.items.BookItem" in info.value.message
+    # The same class made again (same module, same name) is the same type.
+    again = dataclasses.make_dataclass("BookItem", [("url", str)])
+    again.__module__ = BookItem.__module__
+    again.__qualname__ = BookItem.__qualname__
+    assert chosen.place(again(url="http://a.test/2")).collection == "books"
+
+
+def test_a_collection_mongo_collections_names_may_be_shared_on_purpose() -> None:
+    chosen = placer("books", MONGO_COLLECTIONS={"BookItem": "books"})
+    assert chosen.place({"url": "http://a.test/1"}).collection == "books"
+    assert chosen.place(BookItem(url="http://a.test/2")).collection == "books"
+    shared = placer(MONGO_COLLECTIONS={"BookItem": "library", "Article": "library"})
+    assert shared.place(BookItem(url="http://a.test/1")).collection == "library"
+    assert shared.place(Article(url="http://a.test/2")).collection == "library"
+
+
+def test_a_product_stored_outside_products_is_an_item_record() -> None:
+    product = Product.model_validate(VALID)
+    chosen = placer(MONGO_COLLECTIONS={"BookItem": "library"})
+    placed = chosen.place(product, BookItem)
+    assert (placed.kind, placed.collection, placed.item_type) == ("item", "library", "BookItem")
+    assert placed.id == "http://shop.test/product/7"
+    assert chosen.place(product, ProductItem).kind == "product"
+    assert chosen.place(product).kind == "product"
+
+
 def test_products_keep_their_collection_shape_and_id() -> None:
     product = Product.model_validate(VALID)
     placed = placer().place(product, ProductItem)
@@ -172,7 +226,33 @@ def test_the_default_id_is_the_normalised_canonical_url_or_url() -> None:
     )
     assert place({"canonical_url": "http://a.test/c"}).id == "http://a.test/c"
     assert place({"url": 42, "canonical_url": None, "n": 1}).id_from_content
-    assert place({"url": "http://a:99999/x", "canonical_url": "http://b.test/y"}).id
+    assert place({"url": "http://a:99999/x", "canonical_url": "http://b.test/y"}).id_from_content
+    assert place({"url": "http://a.test/x"}).id_from_url
+    assert not place({"name": "x"}).id_from_url
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"url": "/book/1"},
+        {"url": "book/1"},
+        {"url": "n/a"},
+        {"url": "mailto:shop@a.test"},
+        {"url": "ftp://a.test/file"},
+        {"url": "javascript:void(0)"},
+        {"url": "http://"},
+        {"url": "http://a.test:99999/x"},
+        {"canonical_url": "/book/1"},
+        {"url": "n/a", "canonical_url": "/book/1"},
+        {"url": "not a page", "canonical_url": "http://a.test/book/1"},
+    ],
+)
+def test_an_id_from_a_url_needs_an_absolute_http_url(item: dict[str, Any]) -> None:
+    one = placer().place({**item, "n": 1})
+    two = placer().place({**item, "n": 2})
+    assert one.id_from_content, "else every item of this shape shares one _id"
+    assert (one.id, two.id) == (one.hash, two.hash)
+    assert not one.id_from_url
 
 
 def test_an_item_without_a_url_is_named_by_its_content() -> None:
@@ -296,11 +376,12 @@ def test_values_become_what_bson_ferretdb_and_json_take() -> None:
 
 def test_hostile_keys_are_escaped_as_in_rejects() -> None:
     doc, escaped = item_document(
-        {"$where": "sleep(1)", "a.b": {"c.d": 1, "$gt": ""}, "nul\x00key": 1, "": 2}
-    )
+        {"$where": "sleep(1)", "a.b": {"c.d": 1, "$gt": ""}, "nul\x00key": 1, "": 2,
+         "x": {"\x00": 3}}
+    )  # fmt: skip
     assert doc == {"\uff04where": "sleep(1)", "a\uff0eb": {"c\uff0ed": 1, "\uff04gt": ""},
-                   "nulkey": 1, "": 2}  # fmt: skip
-    assert escaped == 5
+                   "nulkey": 1, "_": 2, "x": {"_": 3}}  # fmt: skip
+    assert escaped == 7
     with pytest.raises(DocumentError, match="two field names are stored as 'ab'"):
         item_document({"ab": 1, "a\x00b": 2})
 
@@ -349,6 +430,85 @@ def test_a_set_hashes_the_same_whatever_its_order() -> None:
     mixed = placer().place({"tags": {1, "a", None, 2.5}})
     assert one.hash == two.hash
     assert mixed.doc["tags"] == sorted(mixed.doc["tags"], key=json.dumps)
+
+
+class Tagged(BaseModel):
+    url: str
+    tags: set[str]
+    codes: frozenset[int] = frozenset()
+    when: datetime.datetime = datetime.datetime(2024, 5, 1, 12, tzinfo=datetime.UTC)
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+_HASH_OF_TAGGED = """
+from project.storage.placement import ItemPlacer
+from project.storage.config import MongoConfig
+from scrapy.settings import Settings
+from tests.test_items_placement import Tagged
+item = Tagged(url="http://a.test/1", tags={f"tag{n}" for n in range(40)}, codes={3, 1, 2})
+print(ItemPlacer(MongoConfig.from_settings(Settings()), "x").place(item).hash)
+"""
+
+
+def test_a_pydantic_set_hashes_the_same_in_every_process() -> None:
+    placed = placer().place(Tagged(url="http://a.test/1", tags={f"tag{n}" for n in range(40)},
+                                   codes={3, 1, 2}))  # fmt: skip
+    assert placed.doc["tags"] == sorted(f"tag{n}" for n in range(40))
+    assert placed.doc["codes"] == [1, 2, 3]
+    assert placed.doc["when"] == "2024-05-01T12:00:00Z", "as model_dump(mode='json') writes it"
+    hashes = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(_ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", _HASH_OF_TAGGED], env=env, capture_output=True, text=True,
+            check=True, timeout=120,
+        )  # fmt: skip
+        hashes.add(done.stdout.strip())
+    assert hashes == {placed.hash}, "a re-crawl by another process finds it unchanged"
+
+
+class _BadInt(int):
+    def __int__(self) -> int:
+        raise RuntimeError("no int for you")
+
+
+class _BadMapping(Mapping[str, Any]):
+    def __getitem__(self, key: str) -> Any:
+        return 1
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __len__(self) -> int:
+        return 1
+
+    def items(self) -> Any:
+        raise RuntimeError("no items for you")
+
+
+class _BadDict(dict):  # type: ignore[type-arg]
+    def items(self) -> Any:
+        raise RuntimeError("no items for you")
+
+
+class Node(BaseModel):
+    url: str = "http://a.test/node"
+    child: Node | None = None
+
+
+def test_an_item_whose_own_code_raises_is_refused_by_name() -> None:
+    looped = Node()
+    looped.child = looped
+    with pytest.raises(DocumentError, match="Node cannot be serialised: ValueError: Circular"):
+        placer().place(looped)
+    with pytest.raises(DocumentError, match=r"^n: reading it raised RuntimeError: no int for you"):
+        placer().place({"url": "http://a.test/", "n": _BadInt(3)})
+    with pytest.raises(DocumentError, match=r"^m: reading it raised RuntimeError: no items"):
+        placer().place({"url": "http://a.test/", "m": _BadMapping()})
+    with pytest.raises(DocumentError, match=r"^l\[1\]: reading it raised RuntimeError"):
+        placer().place({"url": "http://a.test/", "l": [1, _BadMapping()]})
+    with pytest.raises(DocumentError, match=r"^d: reading it raised RuntimeError: no items"):
+        placer().place({"url": "http://a.test/", "d": _BadDict(a=1)})
 
 
 def test_a_huge_value_is_placed_and_left_to_the_size_check() -> None:

@@ -10,8 +10,10 @@ import asyncio
 import dataclasses
 import datetime
 import gc
+import json
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +30,7 @@ from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationPipeline
 from project.items import ProductItem
 from project.ops.services import free_port
+from project.schema import Product
 from project.storage.errors import ItemRejectedError
 from project.storage.journal import journal_backlog
 from tests.test_schema import VALID
@@ -108,6 +111,10 @@ class CatalogSpider(Spider):
 
 class RejectsSpider(Spider):
     name = "rejects"  # its dicts would go to the rejects collection
+
+
+class BooksSpider(Spider):
+    name = "books"  # its dicts go to books, as BookItems do by default
 
 
 @dataclasses.dataclass
@@ -264,10 +271,11 @@ def test_mongo_collections_and_mongo_id_fields_are_honoured(
     assert [d["_id"] for d in mongo.library.find()] == ["978-0441013593|9.99"]
     assert sorted(d["_id"] for d in mongo.things.find()) == ["7", "a|b"]
     assert [d["_id"] for d in mongo.press.find()] == ["http://news.test/a/1"]
-    # One book under two URLs: one document. The second record's content (its url) is written
-    # only if it was seen in a later millisecond than the first (else it counts as stale).
-    assert stats["mongo/library/inserted"] == 1
-    assert stats.get("mongo/library/updated", 0) + stats.get("mongo/library/stale", 0) == 1
+    # One book under two URLs: one document, the later record's content (its url) written,
+    # even in the millisecond of the first. Not a URL id: no overwrite warning.
+    assert stats["mongo/library/inserted"] == stats["mongo/library/updated"] == 1
+    assert [d["url"] for d in mongo.library.find()] == ["http://books.test/other-url-same-book"]
+    assert "mongo/library/overwritten" not in stats
     assert "books" not in mongo.list_collection_names()
 
 
@@ -303,6 +311,191 @@ def test_products_keep_todays_collection_id_and_shape(
         "EUR",  # filled from the price text
     )
     assert stats["mongo/products/inserted"] == stats["mongo/inserted"] == 1
+
+
+def test_an_item_whose_url_is_not_an_absolute_http_url_is_named_by_its_content(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    items = [
+        {"url": "/book/1", "title": "one"},
+        {"url": "/book/1", "title": "two"},
+        {"url": "n/a", "title": "three"},
+        {"url": "mailto:shop@books.test", "title": "four"},
+        {"url": "http://books.test/5", "title": "five"},
+    ]
+    outcomes, stats = crawl(services, mongo, tmp_path / "j", items)
+    assert outcomes == items
+    docs = {d["title"]: d for d in mongo.catalog.find()}
+    assert set(docs) == {"one", "two", "three", "four", "five"}, "none overwrote another"
+    for title in ("one", "two", "three", "four"):
+        assert docs[title]["_id"] == docs[title]["content_hash"]
+    assert docs["five"]["_id"] == "http://books.test/5"
+    assert stats["mongo/id_from_content"] == 4
+    assert stats["mongo/catalog/inserted"] == 5
+
+
+def test_items_of_one_page_sharing_a_url_id_are_a_warning_and_a_count(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    page, other = "http://shop.test/list?page=1", "http://shop.test/list?page=2"
+    items: list[Any] = [
+        *({"url": page, "name": f"thing {n}"} for n in range(3)),
+        *({"url": other, "name": f"thing {n}"} for n in range(3)),
+        *(BookItem(page, title=f"book {n}") for n in range(2)),
+        {"url": "http://shop.test/same", "name": "same"},
+        {"url": "http://shop.test/same", "name": "same"},  # identical: nothing lost
+    ]
+    with caplog.at_level(logging.WARNING, logger="project.storage.writes"):
+        outcomes, stats = crawl(services, mongo, tmp_path / "j", items, MONGO_BATCH_SIZE=3)
+    assert not [o for o in outcomes if isinstance(o, Exception)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, "one per item type and collection, not one per batch or id"
+    assert warnings[0].startswith(
+        "3 different dict items share _id http://shop.test/list?page=1: they overwrite each"
+        " other; set MONGO_ID_FIELDS"
+    ), warnings
+    assert warnings[1].startswith("2 different BookItem items share _id " + page), warnings
+    assert stats["mongo/catalog/overwritten"] == 4
+    assert stats["mongo/books/overwritten"] == 1
+    assert mongo.catalog.find_one({"_id": page})["name"] == "thing 2", "the last one seen"
+    assert mongo.books.find_one({"_id": page})["title"] == "book 1"
+
+
+def test_a_second_item_type_defaulting_to_a_collection_is_refused(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = pipelines(services.mongo_url, mongo.name, tmp_path / "j", spider=BooksSpider)
+    items = [
+        {"url": "http://books.test/1", "title": "a dict"},
+        BookItem("http://books.test/1"),
+        BookItem("http://books.test/2"),
+        ProductItem(**VALID),
+    ]
+    with caplog.at_level(logging.ERROR, logger="pipelines.mongo"):
+        outcomes = asyncio.run(run.run(items))
+    assert outcomes[0] == items[0]
+    for outcome in outcomes[1:3]:
+        assert isinstance(outcome, DropItem)
+        assert "MONGO_COLLECTIONS" in str(outcome)
+    assert type(outcomes[3]).__name__ == "Product", "products are unaffected"
+    assert [d["title"] for d in mongo.books.find()] == ["a dict"], "the book did not overwrite it"
+    assert mongo.products.count_documents({}) == 1
+    assert run.stats["mongo/unplaceable/collection_shared"] == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "BookItem (collection_shared)" in errors[0]
+    assert "MONGO_COLLECTIONS" in errors[0]
+    rejects = {d["_id"] for d in mongo.rejects.find()}
+    assert rejects == {"unit|BookItem|http://books.test/1", "unit|BookItem|http://books.test/2"}
+
+
+def test_a_content_update_replaces_the_content(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    first = {"url": "http://shop.test/1", "name": "thing", "sale": "-10%", "sizes": [1, 2]}
+    crawl(services, mongo, tmp_path / "j", [first, {"url": "http://shop.test/2", "n": 1}])
+    before = mongo.catalog.find_one({"_id": "http://shop.test/1"})
+    time.sleep(0.01)
+    second = {"url": "http://shop.test/1", "name": "thing", "sizes": [2]}
+    _, stats = crawl(
+        services, mongo, tmp_path / "j", [second, {"url": "http://shop.test/2", "n": 1}]
+    )
+    after = mongo.catalog.find_one({"_id": "http://shop.test/1"})
+    assert stats["mongo/catalog/updated"] == stats["mongo/catalog/unchanged"] == 1
+    assert before is not None
+    assert after is not None
+    assert _without_times(after) == {
+        "_id": "http://shop.test/1",
+        "url": "http://shop.test/1",
+        "name": "thing",
+        "sizes": [2],
+        "crawl_id": "unit",
+    }, "a field the item no longer has is gone"
+    assert after["first_seen"] == before["first_seen"]
+    assert after["last_seen"] > before["last_seen"]
+
+
+def test_an_empty_field_name_is_stored_as_an_underscore_and_updated(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    _, first = crawl(services, mongo, tmp_path / "j", [{"url": "http://shop.test/1", "": 1}])
+    time.sleep(0.01)
+    outcomes, second = crawl(
+        services, mongo, tmp_path / "j", [{"url": "http://shop.test/1", "\x00": 2}]
+    )
+    assert not [o for o in outcomes if isinstance(o, Exception)]
+    assert first["mongo/escaped_keys"] == 1
+    assert second["mongo/updated"] == 1
+    doc = mongo.catalog.find_one({"_id": "http://shop.test/1"})
+    assert doc is not None
+    assert (doc["_"], "" in doc) == (2, False)
+
+
+class _HostileInt(int):
+    def __int__(self) -> int:
+        raise RuntimeError("no int for you")
+
+
+class _HostileMapping(Mapping[str, Any]):
+    def __getitem__(self, key: str) -> Any:
+        return 1
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __len__(self) -> int:
+        return 1
+
+    def items(self) -> Any:
+        raise RuntimeError("no items for you")
+
+
+class _HostileDict(dict):  # type: ignore[type-arg]
+    def items(self) -> Any:
+        raise RuntimeError("no items for you")
+
+
+class Chapter(BaseModel):
+    url: str
+    next: Chapter | None = None
+
+
+def test_an_item_whose_own_code_raises_is_a_reject_not_a_crash(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    looped = Chapter(url="http://books.test/loop")
+    looped.next = looped
+    hostile = [
+        looped,
+        {"url": "http://shop.test/int", "n": _HostileInt(3)},
+        {"url": "http://shop.test/mapping", "m": _HostileMapping()},
+        {"url": "http://shop.test/dict", "d": _HostileDict(a=1)},
+        _HostileMapping(),  # not an item at all
+    ]
+    outcomes, stats = crawl(services, mongo, tmp_path / "j", [*hostile, {"url": "http://a.test/"}])
+    assert outcomes[5] == {"url": "http://a.test/"}
+    for outcome in outcomes[:5]:
+        assert isinstance(outcome, DropItem), outcome
+    assert all(isinstance(o, ItemRejectedError) for o in outcomes[:4])
+    rejects = {d["item_type"]: d for d in mongo.rejects.find()}
+    assert set(rejects) == {"Chapter", "dict", "_HostileMapping"}
+    assert rejects["Chapter"]["reasons"]["document"][0].startswith(
+        "Chapter cannot be serialised: ValueError: Circular reference"
+    )
+    assert rejects["Chapter"]["url"] == "http://books.test/loop"
+    assert stats["mongo/rejected/DocumentError"] == 4
+    dicts = mongo.rejects.find({"item_type": "dict"})
+    assert sorted(d["reasons"]["document"][0] for d in dicts) == [
+        "d: reading it raised RuntimeError: no items for you",
+        "m: reading it raised RuntimeError: no items for you",
+        "n: reading it raised RuntimeError: no int for you",
+    ]
+    assert rejects["_HostileMapping"]["item"] == {"item": "<_HostileMapping>"}
+    shown = mongo.rejects.find_one({"_id": "unit|dict|http://shop.test/dict"})
+    assert shown is not None
+    assert shown["item"] == {"url": "http://shop.test/dict", "d": "<_HostileDict>"}
+    assert stats["mongo/unplaceable/not_an_item"] == 1
+    assert [d["_id"] for d in mongo.catalog.find()] == ["http://a.test/"]
 
 
 # -- what cannot be stored costs only itself ------------------------------------------------
@@ -469,6 +662,37 @@ def test_a_journaled_item_of_any_type_is_replayed_once_mongodb_is_back(
         assert doc["crawl_id"] == "unit"
         assert up.stats[f"mongo/{collection}/inserted"] == 1
     assert mongo.rejects.count_documents({"_id": "unit|dict|http://shop.test/bad"}) == 1
+
+
+class BookProduct(Product):
+    """Books validated into the product schema, stored in their own collection."""
+
+
+@_SOCKET_LEAK
+def test_a_product_stored_outside_products_is_journaled_as_an_item(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    settings = {
+        "VALIDATION_MODELS": {"dict": "tests.test_pipelines_items.BookProduct"},
+        "MONGO_COLLECTIONS": {"dict": "library"},
+    }
+    down = pipelines(f"mongodb://127.0.0.1:{free_port()}", mongo.name, journal, **settings)
+    outcomes = asyncio.run(down.run([dict(VALID), ProductItem(**VALID)]))
+    gc.collect()
+    assert [type(o).__name__ for o in outcomes] == ["BookProduct", "Product"]
+    records = [json.loads(line) for segment in sorted(journal.rglob("*.jsonl"))
+               for line in segment.read_text().splitlines()]  # fmt: skip
+    assert sorted((r["kind"], r["collection"]) for r in records) == [
+        ("item", "library"),
+        ("product", "products"),
+    ], "a node of the previous version replays only product records into products"
+
+    up = pipelines(services.mongo_url, mongo.name, journal, **settings)
+    asyncio.run(up.run([]))
+    assert up.stats["mongo/replayed"] == 2
+    assert mongo.library.count_documents({"_id": "http://shop.test/product/7"}) == 1
+    assert mongo.products.count_documents({"_id": "http://shop.test/product/7"}) == 1
 
 
 # -- validation of any type --------------------------------------------------------------------

@@ -6,15 +6,19 @@ import asyncio
 import gc
 import logging
 import time
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Spider
+from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from project.ops.services import free_port
 from project.schema import Product
+from project.storage.config import MongoConfig
 from project.storage.journal import Journal, journal_backlog
+from project.storage.placement import ItemPlacer
 from project.storage.store import MongoStore
 from tests.test_schema import VALID
 
@@ -222,3 +226,115 @@ def test_a_journal_left_by_an_older_node_replays_its_products_into_products(
     assert (book["title"], book["content_hash"], book["crawl_id"]) == ("Dune", "h", "c")
     assert (stats["mongo/replayed"], stats["mongo/journal_malformed"]) == (2, 3)
     assert (stats["mongo/products/inserted"], stats["mongo/books/inserted"]) == (1, 1)
+
+
+def test_records_of_one_millisecond_are_applied_in_submission_order(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    moment = int(time.time()) + 0.0001  # + 0.0002 is the same millisecond
+
+    async def run(saves: list[tuple[str, float]]) -> dict[str, Any]:
+        store, stats = make_store(services.mongo_url, mongo.name, tmp_path / "j")
+        await store.open()
+        await asyncio.gather(
+            *(store.save_product(make_product(1, price=p), seen=s) for p, s in saves)
+        )
+        await store.close()
+        return stats.get_stats()
+
+    first = asyncio.run(run([("1.00", moment), ("2.00", moment + 0.0002)]))
+    assert (first["mongo/inserted"], first["mongo/updated"]) == (1, 1)
+    assert "mongo/stale" not in first
+    (doc,) = mongo.products.find()
+    assert doc["price"] == "2.00", "the later of one millisecond wins"
+
+    second = asyncio.run(run([("3.00", moment), ("4.00", moment + 1), ("5.00", moment + 1.0002)]))
+    assert (second["mongo/stale"], second["mongo/updated"]) == (1, 2), "the stored ms: stale"
+    (doc,) = mongo.products.find()
+    assert (doc["price"], doc["content_hash"]) == (
+        "5.00",
+        make_product(1, price="5.00").content_hash(),
+    )
+
+
+def test_a_content_update_keeps_the_earliest_first_seen(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    now = time.time()
+    placer = ItemPlacer(MongoConfig.from_settings(Settings({"MONGO_DATABASE": mongo.name})), "shop")
+
+    async def run(saves: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+        store, stats = make_store(services.mongo_url, mongo.name, tmp_path / "j")
+        await store.open()
+        await asyncio.gather(*(store.save_item(placer.place(item), seen=s) for item, s in saves))
+        await store.close()
+        return stats.get_stats()
+
+    run_first = [({"url": "http://shop.test/1", "a": 1, "b": 2}, now - 100)]
+    asyncio.run(run(run_first))
+    stats = asyncio.run(
+        run([
+            ({"url": "http://shop.test/1", "a": 0}, now - 200),  # a late replay: stale
+            ({"url": "http://shop.test/1", "a": 3}, now),
+        ])
+    )  # fmt: skip
+    assert (stats["mongo/stale"], stats["mongo/updated"]) == (1, 1)
+    doc = mongo.shop.find_one({"_id": "http://shop.test/1"})
+    assert doc is not None
+    assert (doc["a"], "b" in doc) == (3, False), "the content is replaced"
+    assert doc["first_seen"].replace(tzinfo=UTC).timestamp() == pytest.approx(now - 200, abs=0.002)
+    assert doc["last_seen"].replace(tzinfo=UTC).timestamp() == pytest.approx(now, abs=0.002)
+
+
+@pytest.mark.parametrize(
+    "seen", [1e300, -1e300, float("inf"), float("-inf"), float("nan"), 10**30, True, "1"]
+)
+def test_a_journal_record_seen_at_no_storable_time_is_dropped(
+    services: ServicesConfig,
+    mongo: Database[Any],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    seen: object,
+) -> None:
+    journal, product = tmp_path / "journal", make_product(1)
+    good = {
+        "db": mongo.name,
+        "kind": "item",
+        "collection": "books",
+        "type": "BookItem",
+        "id": "isbn-1",
+        "doc": {"title": "Dune"},
+        "hash": "h",
+        "seen": time.time(),
+        "crawl_id": "c",
+    }
+    bad_product = {
+        "db": mongo.name,
+        "kind": "product",
+        "collection": "products",
+        "id": product.canonical_url,
+        "doc": {**product.content(), "url": product.url, "rendered": product.rendered},
+        "hash": product.content_hash(),
+        "seen": seen,
+        "crawl_id": "c",
+    }
+    bad_reject = {"db": mongo.name, "kind": "reject", "id": "c|x", "doc": {}, "seen": seen}
+    written = Journal(journal, database=mongo.name)
+    written.open()
+    written.append([bad_product, {**good, "id": "isbn-2", "seen": seen}, bad_reject, good])
+    written.close()
+
+    async def replay() -> dict[str, Any]:
+        store, stats = make_store(services.mongo_url, mongo.name, journal)
+        await store.open()
+        await store.close()
+        return stats.get_stats()
+
+    with caplog.at_level(logging.ERROR, logger="project.storage.store"):
+        stats = asyncio.run(replay())
+    assert journal_backlog(journal) == 0, "the replay finished"
+    assert (stats["mongo/journal_malformed"], stats["mongo/replayed"]) == (3, 1)
+    assert "dropping 3 malformed records" in caplog.text
+    assert [d["_id"] for d in mongo.books.find()] == ["isbn-1"]
+    assert mongo.products.count_documents({}) == 0
+    assert mongo.rejects.count_documents({}) == 0

@@ -88,30 +88,38 @@ class _Bounded:
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, int):
-            return value if -_INT64 <= value < _INT64 else f"<int of {value.bit_length()} bits>"
+            number = int.__int__(value)  # not a subclass's own __int__
+            return number if -_INT64 <= number < _INT64 else f"<int of {number.bit_length()} bits>"
         if isinstance(value, float):
-            return value if math.isfinite(value) else str(value)
+            real = float.__float__(value)
+            return real if math.isfinite(real) else str(real)
         if isinstance(value, str):
-            return _text(value, _MAX_TEXT)
+            return _text(str.__str__(value), _MAX_TEXT)
         if isinstance(value, Mapping | list | tuple | set | frozenset):
             if depth >= _MAX_DEPTH:
                 return "<too deep>"
-            if isinstance(value, Mapping):
-                pairs = list(value.items())
-                copied = {_key(k): self.copy(v, depth + 1) for k, v in pairs[:_MAX_ITEMS]}
-                if len(pairs) > _MAX_ITEMS:
-                    copied["<more>"] = f"{len(pairs) - _MAX_ITEMS} more keys"
-                return copied
-            items = list(value)
-            listed = [self.copy(v, depth + 1) for v in items[:_MAX_ITEMS]]
-            if len(items) > _MAX_ITEMS:
-                listed.append(f"<{len(items) - _MAX_ITEMS} more>")
-            # FerretDB 1.24 stores no array directly inside an array: an inner one is its JSON.
-            return [_text(json.dumps(v), _MAX_TEXT) if isinstance(v, list) else v for v in listed]
+            try:
+                return self.container(value, depth)
+            except Exception:  # noqa: BLE001 (a hostile items() or __iter__: its type is all we keep)
+                return f"<{type(value).__name__}>"
         try:
             return _text(str(value), _MAX_TEXT)
         except Exception:  # noqa: BLE001 (a hostile __str__: the type is all we keep)
             return f"<{type(value).__name__}>"
+
+    def container(self, value: Any, depth: int) -> Any:
+        if isinstance(value, Mapping):
+            pairs = list(value.items())
+            copied = {_key(k): self.copy(v, depth + 1) for k, v in pairs[:_MAX_ITEMS]}
+            if len(pairs) > _MAX_ITEMS:
+                copied["<more>"] = f"{len(pairs) - _MAX_ITEMS} more keys"
+            return copied
+        items = list(value)
+        listed = [self.copy(v, depth + 1) for v in items[:_MAX_ITEMS]]
+        if len(items) > _MAX_ITEMS:
+            listed.append(f"<{len(items) - _MAX_ITEMS} more>")
+        # FerretDB 1.24 stores no array directly inside an array: an inner one is its JSON.
+        return [_text(json.dumps(v), _MAX_TEXT) if isinstance(v, list) else v for v in listed]
 
 
 def safe_text(text: str) -> str:

@@ -5,20 +5,24 @@ item goes to the collection ``MONGO_COLLECTIONS`` names for its type, or by defa
 spider's name (a plain ``dict``) or its class name in snake case, a trailing ``Item`` dropped
 and an ``s`` added (``BookItem`` -> ``books``). Its ``_id`` is the text of the fields
 ``MONGO_ID_FIELDS`` names for its type (several joined with ``|``), or by default its
-``canonical_url`` (on the site of its ``url``, as a product's) or ``url``, normalised; with
-neither, the SHA-256 of its content, so an identical item is stored once.
+``canonical_url`` (on the site of its ``url``, as a product's) or ``url``, normalised, when
+that is an absolute http(s) URL; else the SHA-256 of its content, so an identical item is
+stored once. Two item types that default to one collection (a spider ``books`` yielding dicts
+and ``BookItem``) would mix their documents: the second type seen is unplaceable
+(``collection_shared``) until ``MONGO_COLLECTIONS`` names its collection; a collection that
+``MONGO_COLLECTIONS`` names may be shared on purpose, its types then sharing one id space.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 
 from project.items import ProductItem
-from project.schema import Product, canonical_product_url, normalise_url
+from project.schema import Product, canonical_product_url, is_http_url, normalise_url
 from project.storage.config import collection_name_error
 from project.storage.itemtypes import TypeTable
 from project.storage.values import content_hash, escape_key, item_document
@@ -57,6 +61,8 @@ class PlacedItem:
     hash: str
     item_type: str
     id_from_content: bool = False
+    #: The ``_id`` is the item's (canonical) URL: items of one page may share it.
+    id_from_url: bool = False
     escaped_keys: int = 0
 
 
@@ -121,6 +127,9 @@ class ItemPlacer:
             config.failures_collection: "the failures collection",
         }
         self._rules: dict[tuple[type, type], _Rule] = {}
+        #: Collection -> the item type (dotted path) whose items it took by default, first.
+        self._owners: dict[str, str] = {}
+        self._named = frozenset(config.collections.values())
 
     def place(self, item: Any, origin: type | None = None) -> PlacedItem:
         """Place *item*; *origin* is the type it was validated from, if it was.
@@ -136,7 +145,11 @@ class ItemPlacer:
                 if rule.collection_error is not None and rule.collection != collection:
                     raise UnplaceableItemError(source.__name__, *rule.collection_error)
                 collection = rule.collection
-            return place_product(item, collection, source.__name__)
+            placed = place_product(item, collection, source.__name__)
+            if collection != self._config.products_collection:
+                # Not "product": a node of an older version replays those into products.
+                placed = replace(placed, kind="item")
+            return placed
         if not ItemAdapter.is_item(item):
             raise UnplaceableItemError(
                 source.__name__, "not_an_item", "not an item type itemadapter supports"
@@ -164,6 +177,7 @@ class ItemPlacer:
             hash=digest,
             item_type=source.__name__,
             id_from_content=key is None,
+            id_from_url=key is not None and not rule.id_fields,
             escaped_keys=escaped,
         )
 
@@ -178,7 +192,8 @@ class ItemPlacer:
         return rule
 
     def _new_rule(self, source: type, model: type) -> _Rule:
-        collection = self._collections.get(source) or default_collection(source, self._spider)
+        named = self._collections.get(source)
+        collection = named or default_collection(source, self._spider)
         fields = self._id_fields.get(source) or self._id_fields.get(model) or ()
         error: tuple[str, str] | None = None
         if why := collection_name_error(collection, self._config.database):
@@ -190,6 +205,16 @@ class ItemPlacer:
                 " name another in MONGO_COLLECTIONS"
             )
             error = ("collection_reserved", message)
+        elif not named and collection not in self._named:
+            path = f"{source.__module__}.{source.__qualname__}"
+            owner = self._owners.setdefault(collection, path)
+            if owner != path:
+                # Their ids would collide and their fields mix: one type per default collection.
+                message = (
+                    f"collection {collection!r} is where items of type {owner} go by default;"
+                    f" name a collection for {path} in MONGO_COLLECTIONS"
+                )
+                error = ("collection_shared", message)
         return _Rule(collection, error, fields)
 
     def _id(self, doc: dict[str, Any], rule: _Rule, name: str) -> str | None:
@@ -214,18 +239,21 @@ class ItemPlacer:
 
 
 def _url_id(doc: dict[str, Any]) -> str | None:
-    """The normalised ``canonical_url`` (on the site of ``url``) or ``url``, if either is text."""
+    """The normalised ``canonical_url`` (on the site of ``url``) or ``url``, if that is an
+    absolute http(s) URL (``/a``, ``mailto:`` or ``n/a`` names nothing: the content does)."""
     url, canonical = doc.get("url"), doc.get("canonical_url")
     url = url.strip() if isinstance(url, str) and url.strip() else None
     canonical = canonical.strip() if isinstance(canonical, str) and canonical.strip() else None
     if url is not None and canonical is not None:
         try:
-            return canonical_product_url(url, canonical)[0]
+            key = canonical_product_url(url, canonical)[0]
         except ValueError:  # a page URL that does not parse (a port out of range)
-            return normalise_url(url)
-    if url is None and canonical is None:
+            key = normalise_url(url)
+    elif url is None and canonical is None:
         return None
-    return normalise_url(canonical or url or "")
+    else:
+        key = normalise_url(canonical or url or "")
+    return key if is_http_url(key) else None
 
 
 def _id_part(doc: dict[str, Any], field: str, name: str) -> str:

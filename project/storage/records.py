@@ -1,20 +1,21 @@
 """The records the store batches and journals: items by collection, and rejects.
 
-An item record (``kind`` ``item``, or ``product`` for a ``Product``) carries its collection,
-``_id``, document, content hash, the time it was seen and its crawl; a reject record its
-``_id`` and document. Records are JSON, so the journal holds them as they are. Product records
-written before records named their collection (no ``collection``) belong to the products
-collection.
+An item record (``kind`` ``item``, or ``product`` for a ``Product`` of the products
+collection) carries its collection, ``_id``, document, content hash, the time it was seen and
+its crawl; a reject record its ``_id`` and document. Records are JSON, so the journal holds them
+as they are. Product records written before records named their collection (no
+``collection``) belong to the products collection.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from project.storage.config import collection_name_error
-from project.storage.documents import bounded, safe_text
+from project.storage.documents import bounded, from_ms, safe_text, to_ms
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ def item_record(placed: PlacedItem, *, database: str, crawl_id: str, seen: float
         "hash": placed.hash,
         "seen": seen,
         "crawl_id": crawl_id,
+        "id_from_url": placed.id_from_url,
     }
 
 
@@ -137,9 +139,22 @@ def well_formed(record: object, database: str) -> bool:
         fields |= {"hash": str, "crawl_id": str}
     if not all(isinstance(record.get(name), kind) for name, kind in fields.items()):
         return False
+    if not _storable_time(record["seen"]):
+        return False
     collection = record.get("collection")
     if record["kind"] == "item" or collection is not None:
         return isinstance(collection, str) and collection_name_error(collection, database) is None
+    return True
+
+
+def _storable_time(seen: float) -> bool:
+    """*seen* is a finite Unix time a ``datetime`` (and so MongoDB) can hold."""
+    if isinstance(seen, bool) or (isinstance(seen, float) and not math.isfinite(seen)):
+        return False
+    try:
+        from_ms(to_ms(seen))
+    except (OverflowError, ValueError):  # a hand-edited 1e300: years after 9999
+        return False
     return True
 
 

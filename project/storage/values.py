@@ -5,11 +5,13 @@ is the document itself): ``Decimal`` -> its text (as a product's price), ``datet
 and ``time`` -> ISO 8601 text, enums -> their value, ``UUID`` -> text, ``bytes`` -> base64
 text, tuples -> lists, sets -> sorted lists, NaN and infinities -> null (FerretDB refuses
 infinities and drops the connection on NaN), nested items (dicts, ``scrapy.Item``,
-dataclasses, attrs classes) -> documents, pydantic models -> ``model_dump(mode="json")``.
+dataclasses, attrs classes) -> documents, pydantic models -> what ``model_dump(mode="json")``
+writes, with sets sorted (pydantic lists a set in hash order, which changes between processes).
 Field names become text; a leading ``$`` and every ``.`` are replaced by their full-width
-forms (U+FF04, U+FF0E: MongoDB reads those as operators and paths) and NUL is removed.
-Anything else, an integer beyond 64 bits, or nesting deeper than MongoDB's 100 levels, is a
-:class:`DocumentError`.
+forms (U+FF04, U+FF0E: MongoDB reads those as operators and paths), NUL is removed, and a name
+left empty becomes ``_`` (as in rejects). Anything else, an integer beyond 64 bits, nesting
+deeper than MongoDB's 100 levels, or an item whose own code raises while it is read (a
+``__int__``, an ``items()``, a model that contains itself), is a :class:`DocumentError`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from uuid import UUID
 
 from itemadapter import ItemAdapter
 from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 __all__ = ["MAX_DEPTH", "DocumentError", "content_hash", "escape_key", "item_document"]
 
@@ -58,7 +60,13 @@ def item_document(item: Any) -> tuple[dict[str, Any], int]:
     converter = _Converter()
     if isinstance(item, BaseModel):
         return converter.mapping(_model_dump(item), 1), converter.escaped
-    return converter.mapping(dict(ItemAdapter(item).items()), 1), converter.escaped
+    try:
+        fields = dict(ItemAdapter(item).items())
+    except RecursionError as exc:
+        raise DocumentError(f"nested deeper than {MAX_DEPTH} levels") from exc
+    except Exception as exc:  # an item's own code may raise anything
+        raise _failed(exc) from exc
+    return converter.mapping(fields, 1), converter.escaped
 
 
 def content_hash(doc: Mapping[str, Any]) -> str:
@@ -71,22 +79,59 @@ def content_hash(doc: Mapping[str, Any]) -> str:
 def escape_key(key: str) -> str:
     """A field name as stored: no NUL, no leading ``$``, no ``.``."""
     key = key.replace("\x00", "")
+    if not key:
+        return "_"  # MongoDB refuses an empty name in an update
     if key.startswith("$"):
         key = "\uff04" + key[1:]
     return key.replace(".", "\uff0e")
 
 
 def _model_dump(model: BaseModel) -> dict[str, Any]:
+    """What ``model_dump(mode="json")`` writes, but with every set sorted.
+
+    Dumped in python mode (a set stays a set), its sets sorted, then made JSON by pydantic's
+    own serialisers (datetimes as ``model_dump(mode="json")`` writes them).
+    """
     try:
-        return model.model_dump(mode="json")
-    except PydanticSerializationError:
-        pass  # a field of a type pydantic cannot write as JSON: the converter has its say
+        data = model.model_dump()
     except RecursionError as exc:
         raise DocumentError(f"nested deeper than {MAX_DEPTH} levels") from exc
+    except Exception as exc:  # a model that contains itself, a hostile validator
+        raise DocumentError(f"{type(model).__name__} cannot be serialised: {_reason(exc)}") from exc
     try:
-        return model.model_dump()
-    except (PydanticSerializationError, RecursionError) as exc:
-        raise DocumentError(f"{type(model).__name__} cannot be serialised: {exc}") from exc
+        dumped: dict[str, Any] = to_jsonable_python(_sorted_sets(data, 1))
+    except PydanticSerializationError:
+        return data  # a value pydantic cannot write as JSON: the converter has its say
+    except RecursionError as exc:
+        raise DocumentError(f"nested deeper than {MAX_DEPTH} levels") from exc
+    return dumped
+
+
+def _sorted_sets(value: Any, depth: int) -> Any:
+    """*value* (a python-mode dump) with each set as a list in the order of its JSON."""
+    if depth > MAX_DEPTH:
+        return value  # the converter refuses it, and says where
+    if isinstance(value, dict):
+        return {key: _sorted_sets(inner, depth + 1) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sorted_sets(inner, depth + 1) for inner in value]
+    if isinstance(value, set | frozenset):
+        items = [to_jsonable_python(_sorted_sets(inner, depth + 1)) for inner in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception raised by an item's own code, as one short line."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 (a hostile __str__)
+        text = ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _failed(exc: BaseException) -> DocumentError:
+    return DocumentError(f"reading it raised {_reason(exc)}")
 
 
 def _int64(value: int) -> int:
@@ -112,8 +157,12 @@ class _Converter:
     def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
         if depth > MAX_DEPTH:
             raise DocumentError(f"nested deeper than {MAX_DEPTH} levels")
+        try:
+            pairs = [(key, inner) for key, inner in value.items()]
+        except Exception as exc:  # a mapping's own items() may raise anything
+            raise _failed(exc) from exc
         out: dict[str, Any] = {}
-        for key, inner in value.items():
+        for key, inner in pairs:
             try:
                 name = self.key(key)
                 if name in out:
@@ -122,6 +171,10 @@ class _Converter:
             except DocumentError as exc:
                 exc.path = (_location(key), *exc.path)
                 raise
+            except Exception as exc:  # a value's own __int__, __str__, ...
+                error = _failed(exc)
+                error.path = (_location(key),)
+                raise error from exc
         return out
 
     def key(self, key: object) -> str:
@@ -173,7 +226,7 @@ class _Converter:
             return self.sequence(value, depth)
         if isinstance(value, set | frozenset):
             # Sorted: a set's order changes between runs, its content hash must not.
-            items = self.sequence(list(value), depth)
+            items = self.sequence(_listed(value), depth)
             return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
         if ItemAdapter.is_item(value):
             return self.mapping(dict(ItemAdapter(value).items()), depth)
@@ -181,10 +234,22 @@ class _Converter:
 
     def sequence(self, values: list[Any] | tuple[Any, ...], depth: int) -> list[Any]:
         out: list[Any] = []
-        for index, inner in enumerate(values):
+        for index, inner in enumerate(_listed(values)):
             try:
                 out.append(self.value(inner, depth + 1))
             except DocumentError as exc:
                 exc.path = (f"[{index}]", *exc.path)
                 raise
+            except Exception as exc:  # a value's own __int__, __str__, ...
+                error = _failed(exc)
+                error.path = (f"[{index}]",)
+                raise error from exc
         return out
+
+
+def _listed(values: Any) -> list[Any]:
+    """The values of a list, tuple or set, whatever its own ``__iter__`` raises."""
+    try:
+        return list(values)
+    except Exception as exc:  # a container's own __iter__ may raise anything
+        raise _failed(exc) from exc

@@ -1,10 +1,14 @@
 """One batch of records written to MongoDB: items by collection with change tracking, rejects.
 
-Per collection, a batch reads the content hash and ``last_seen`` of the documents it touches,
-plans each ``_id`` from its records in the order they were seen (:func:`plan`), inserts new
-documents, updates changed ones and only moves ``last_seen`` of unchanged ones. Content is
-written only by a record seen after the stored one, so a late replay never overwrites what
-another node wrote since (``mongo/stale``).
+Per collection, a batch reads the content hash, ``first_seen`` and ``last_seen`` of the
+documents it touches, plans each ``_id`` from its records in the order they were seen
+(:func:`plan`), inserts new documents, replaces the content of changed ones (a field the item
+no longer has goes with it) and only moves ``last_seen`` of unchanged ones. Content is written
+only by a record seen after the stored one, so a late replay never overwrites what another node
+wrote since (``mongo/stale``). Records of one ``_id`` with different content in one batch
+overwrite each other: for ids made from a URL (many items of one page, each with
+``url=response.url``) that is a WARNING, once per type and collection, and
+``mongo/<collection>/overwritten``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
 
     from project.storage.records import Record
 
-__all__ = ["BatchWriter", "Plan", "plan"]
+__all__ = ["BatchWriter", "Plan", "Stored", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +45,12 @@ _MAX_OPS_PER_COMMAND = 50
 _MAX_LOOKUP_BYTES = 1 << 20
 _DUPLICATE_KEY = 11000
 _INVALID_NAMESPACE = 73
+#: Most (type, collection) pairs told about overwritten items (a class per item gets no more).
+_MAX_TOLD = 1000
 _Group = list[tuple[int, "Record"]]
 _Document = dict[str, Any]
+#: What a batch reads of a stored document: content hash, ``last_seen``, ``first_seen`` (ms).
+Stored = tuple[str | None, int | None, int | None]
 
 
 class BatchWriter:
@@ -62,6 +70,7 @@ class BatchWriter:
         self._products = products_collection
         self._rejects = rejects_collection
         self._max_bson = max_bson
+        self._told: set[tuple[str, str]] = set()
 
     async def write(self, records: Sequence[Record]) -> dict[int, Exception]:
         """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
@@ -115,27 +124,47 @@ class BatchWriter:
                 refused[index] = reason
         if not groups:
             return refused
-        stored = {
-            doc["_id"]: (doc.get("content_hash"), stored_ms(doc.get("last_seen")))
-            async for doc in _lookup(collection, list(groups), {"content_hash": 1, "last_seen": 1})
-        }
-        plans = [plan(key, group, stored.get(key)) for key, group in groups.items()]
-        new = [p for p in plans if p.insert]
+        stored = await _stored(collection, list(groups))
+        plans = {key: plan(key, group, stored.get(key)) for key, group in groups.items()}
+        new = [p for p in plans.values() if p.insert]
         inserts = [InsertOne(document(p.winner, p.first_ms, p.last_ms)) for p in new]
         # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
-        # another writer (duplicate _id) is redone as a conditional update.
+        # another writer (duplicate _id) is planned again against what that writer stored.
         more, duplicates = await self._bulk(collection, inserts, [p.group for p in new])
         refused.update(more)
-        redo = [new[i] for i in duplicates] + [p for p in plans if not p.insert]
-        updates = [(op, p) for p in redo if (op := p.update()) is not None]
+        if duplicates:
+            raced = [new[i].key for i in duplicates]
+            now = await _stored(collection, raced)
+            plans.update((key, plan(key, groups[key], now.get(key))) for key in raced)
+        updates = [
+            (op, p) for p in plans.values() if not p.insert and (op := p.update()) is not None
+        ]
         more, _ = await self._bulk(
             collection, [op for op, _ in updates], [p.group for _, p in updates]
         )
         refused.update(more)
-        for planned in plans:
+        for planned in plans.values():
             if planned.group[0][0] not in refused:
                 counts.update(planned.counts)
+                self._overwritten(name, planned, counts)
         return refused
+
+    def _overwritten(self, collection: str, planned: Plan, counts: Counter[str]) -> None:
+        """Count (and tell once) records of one URL id whose contents overwrote each other."""
+        records = [record for _, record in planned.group if record.get("id_from_url")]
+        hashes = {record["hash"] for record in records}
+        if len(hashes) < 2:
+            return
+        counts["overwritten"] += len(hashes) - 1
+        item_type = str(records[0].get("type") or "item")
+        if (item_type, collection) in self._told or len(self._told) >= _MAX_TOLD:
+            return
+        self._told.add((item_type, collection))
+        logger.warning(
+            "%d different %s items share _id %s: they overwrite each other; set MONGO_ID_FIELDS"
+            " (mongo/%s/overwritten counts them)",
+            len(hashes), item_type, planned.key[:200], collection,
+        )  # fmt: skip
 
     async def _write_rejects(self, rejects: _Group) -> dict[int, str]:
         """Store rejects by ``_id`` unless a newer one is stored; return the refused ones."""
@@ -250,32 +279,31 @@ class Plan:
     last_ms: int
     stored_last_ms: int | None
 
-    def update(self) -> UpdateOne | None:
-        """The update of a stored document, or None when nothing moves."""
-        first, last = from_ms(self.first_ms), from_ms(self.last_ms)
+    def update(self) -> ReplaceOne[_Document] | UpdateOne | None:
+        """The write to a stored document, or None when nothing moves."""
         if self.writes_content:
-            # Only over content seen before this record: a newer write by another node stays.
+            # The content is replaced, so a field the item no longer has goes; only over
+            # content seen before this record: a newer write by another node stays. Not an
+            # upsert: FerretDB 1.24 answers a failed conditional upsert without its counts.
             match: dict[str, Any] = {"_id": self.key}
-            if self.insert or self.stored_last_ms is not None:
+            if self.stored_last_ms is not None:
                 match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
-            return UpdateOne(
-                match,
-                {
-                    "$set": content(self.winner),
-                    "$min": {"first_seen": first},
-                    "$max": {"last_seen": last},
-                },
-            )
+            return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms))
         if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
-            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": last}})
+            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": from_ms(self.last_ms)}})
         return None
 
 
-def plan(key: str, group: _Group, stored: tuple[str | None, int | None] | None) -> Plan:
-    """Apply an ``_id``'s records in the order they were seen, against what is stored."""
-    ordered = sorted(group, key=lambda item: item[1]["seen"])
+def plan(key: str, group: _Group, stored: Stored | None) -> Plan:
+    """Apply an ``_id``'s records in the order they were seen, against what is stored.
+
+    Records of one millisecond (all MongoDB keeps of a time) are applied in the order they
+    were submitted, so the later one wins; a record no later than the stored content is stale.
+    """
+    ordered = sorted(group, key=lambda item: (to_ms(item[1]["seen"]), item[0]))
     counts: Counter[str] = Counter()
-    current, last = stored if stored is not None else (None, None)
+    current, last, stored_first = stored if stored is not None else (None, None, None)
+    stored_last = last
     exists, winner, writes = stored is not None, ordered[-1][1], False
     for _, record in ordered:
         seen = to_ms(record["seen"])
@@ -285,15 +313,17 @@ def plan(key: str, group: _Group, stored: tuple[str | None, int | None] | None) 
         elif record["hash"] == current:
             counts["unchanged"] += 1
             last = seen if last is None else max(last, seen)
-        elif last is not None and seen <= last:
-            counts["stale"] += 1  # older than the stored content: a late replay
+        elif last is not None and (seen < last or seen == stored_last):
+            # Older than the content so far, or no newer than the stored one: a late replay.
+            counts["stale"] += 1
         else:
             counts["updated"] += 1
             current, last, winner, writes = record["hash"], seen, record, True
     first = to_ms(ordered[0][1]["seen"])
+    if stored_first is not None:
+        first = min(first, stored_first)
     assert last is not None
-    return Plan(key, ordered, counts, winner, writes, stored is None, first, last,
-                stored[1] if stored is not None else None)  # fmt: skip
+    return Plan(key, ordered, counts, winner, writes, stored is None, first, last, stored_last)
 
 
 def content(record: Record) -> _Document:
@@ -308,6 +338,19 @@ def document(record: Record, first_ms: int, last_ms: int) -> _Document:
         **content(record),
         "first_seen": from_ms(first_ms),
         "last_seen": from_ms(last_ms),
+    }
+
+
+async def _stored(collection: AsyncCollection[_Document], keys: list[str]) -> dict[str, Stored]:
+    """What a batch needs to know of the stored documents of *keys*."""
+    projection = {"content_hash": 1, "last_seen": 1, "first_seen": 1}
+    return {
+        doc["_id"]: (
+            doc.get("content_hash"),
+            stored_ms(doc.get("last_seen")),
+            stored_ms(doc.get("first_seen")),
+        )
+        async for doc in _lookup(collection, keys, projection)
     }
 
 
