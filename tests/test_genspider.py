@@ -62,3 +62,12 @@ def test_a_spider_made_by_genspider_crawls_with_two_nodes_as_it_is(
     assert max(stats["hits"].values()) == 1, "a page was fetched twice"
     pages = sum(stats["hits"].values()) - 1  # robots.txt is no page
     assert mongo.shopcrawl.count_documents({}) == pages
+
+
+def test_startproject_still_works_from_inside_the_project(tmp_path: Path) -> None:
+    """TEMPLATES_DIR replaces Scrapy's templates folder: it holds its project template too."""
+    subprocess.run(
+        [sys.executable, "-m", "scrapy", "startproject", "elsewhere", str(tmp_path / "p")],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert (tmp_path / "p" / "elsewhere" / "settings.py").is_file()
