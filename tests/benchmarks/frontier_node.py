@@ -20,6 +20,7 @@ from scrapy.crawler import CrawlerProcess
 from scrapy.utils.project import get_project_settings
 from scrapy_redis.spiders import RedisSpider
 
+from project.addon import FleetAddon
 from spiders.products import ProductsSpider
 
 
@@ -91,6 +92,11 @@ def main() -> None:
     for key, value in json.loads(os.environ.get("BENCH_SETTINGS", "{}")).items():
         settings.set(key, value)
     spider: type[Any] = ProductsSpider
+    if variant != "fleet":
+        # The add-on refuses another scheduler: wire the fleet's components in here, as the
+        # add-on would, then swap the scheduler (the baselines keep everything else the same).
+        FleetAddon().update_settings(settings)
+        settings.set("ADDONS", {})
     if variant == "memory":
         settings.set("SCHEDULER", "scrapy.core.scheduler.Scheduler")
         settings.set("DUPEFILTER_CLASS", "scrapy.dupefilters.RFPDupeFilter")
