@@ -126,3 +126,22 @@ def test_where_seeds_come_from() -> None:
     # a plain spider takes pushed seeds too, as URLs or JSON
     (request,) = requests_from_seed(_spider(Plain), b"http://books.example/")
     assert request.url == "http://books.example/"
+
+
+def test_readers_count_the_seeds_of_a_spiders_own_redis_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fleetcrawl status books` looks where the books spider's nodes take seeds from."""
+    from scrapy.settings import Settings
+
+    from project.frontier.keys import FrontierKeys
+    from tests.fleet import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "own_project"))
+    settings = Settings(
+        {"SPIDER_MODULES": ["own_project.spiders"], "REDIS_START_URLS_KEY": "t:%(name)s:start_urls"}
+    )
+    assert FrontierKeys.for_project_spider(settings, "books").start_urls == "books:start_urls"
+    plain = FrontierKeys.for_project_spider(settings, "books_plain")
+    assert plain.start_urls == "t:books_plain:start_urls"
+    assert FrontierKeys.for_project_spider(settings, "nope").start_urls == "t:nope:start_urls"

@@ -7,10 +7,12 @@ keys here, so a customised ``SCHEDULER_QUEUE_KEY``, ``SCHEDULER_DUPEFILTER_KEY``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scrapy.exceptions import NotConfigured
+from scrapy.spiderloader import get_spider_loader
 from scrapy_redis import defaults
 
 from project.config import read_settings, setting
@@ -117,6 +119,24 @@ class FrontierKeys:
             history_leader=f"{prefix}:history:leader",
             **own,
         )
+
+    @classmethod
+    def for_project_spider(cls, settings: BaseSettings, spider: str) -> Self:
+        """The keys of *spider* as its nodes use them (``fleetcrawl status``, the dashboard):
+        with its class's ``redis_key``, when the project has that spider and it names one."""
+        keys = cls.from_settings(settings, spider)
+        try:
+            spidercls = get_spider_loader(settings).load(spider)
+        except (KeyError, ImportError, ValueError, TypeError):
+            return keys  # not a spider of this project (a reader with another project's keys)
+        redis_key = getattr(spidercls, "redis_key", None)
+        if not isinstance(redis_key, str) or not redis_key.strip():
+            return keys
+        try:
+            start_urls = redis_key % {"name": spider}
+        except (KeyError, TypeError, ValueError):
+            start_urls = redis_key
+        return dataclasses.replace(keys, start_urls=start_urls)
 
     def site_queue(self, site: str) -> str:
         """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""

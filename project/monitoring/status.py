@@ -633,7 +633,7 @@ class StatusReader:
         frontier = FrontierConfig.from_settings(settings)
         return cls(
             frontier.redis_url,
-            FrontierKeys.from_settings(settings, spider),
+            FrontierKeys.for_project_spider(settings, spider),
             MongoConfig.from_settings(settings, spider_name=spider),
             sites=sites,
             redis_params=frontier.redis_params,

@@ -44,7 +44,7 @@ def _settings(args: argparse.Namespace) -> Any:
 def _keys(settings: Any, spider: str) -> Any:
     from project.frontier.keys import FrontierKeys
 
-    return FrontierKeys.from_settings(settings, spider)
+    return FrontierKeys.for_project_spider(settings, spider)
 
 
 def _redis_url(settings: Any) -> str:
