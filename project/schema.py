@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import reprlib
 from decimal import Decimal
@@ -24,6 +22,7 @@ from pydantic_core import PydanticCustomError
 from w3lib.url import canonicalize_url
 
 from project.frontier.sites import MAX_URL_LENGTH
+from project.storage.documents import content_hash
 
 if TYPE_CHECKING:
     from urllib.parse import SplitResult
@@ -291,9 +290,7 @@ class Product(BaseModel):
 
     def content_hash(self) -> str:
         """SHA-256 over the content fields: equal for equal products, whatever URL they came from."""
-        blob = json.dumps(self.content(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        # surrogatepass: a lone surrogate from a page still hashes (MongoDB refuses it later).
-        return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+        return content_hash(self.content())
 
 
 class _CurrencyConflict:

@@ -27,7 +27,7 @@ from scrapy.settings import Settings
 from project.items import ProductItem
 from project.schema import Product
 from project.storage.config import MongoConfig
-from project.storage.documents import unencodable
+from project.storage.documents import content_hash, unencodable
 from project.storage.itemtypes import TypeTable, type_keys
 from project.storage.placement import (
     MAX_ID_LENGTH,
@@ -35,7 +35,7 @@ from project.storage.placement import (
     UnplaceableItemError,
     default_collection,
 )
-from project.storage.values import MAX_DEPTH, DocumentError, content_hash, item_document
+from project.storage.values import MAX_DEPTH, DocumentError, item_document
 from tests.test_schema import VALID
 
 

@@ -28,12 +28,7 @@
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
-
--- seeds waiting in the list, or in the set of REDIS_START_URLS_AS_SET
-local function seed_total()
-    if redis.call('TYPE', K.start_urls).ok == 'set' then return redis.call('SCARD', K.start_urls) end
-    return redis.call('LLEN', K.start_urls)
-end
+--@include lib/seeds.lua
 
 local node, record = ARGV[1], ARGV[2]
 local opt = cjson.decode(ARGV[3])
@@ -51,7 +46,7 @@ local keep = opt.history_ms
 local s = {
     queued = tonumber(redis.call('GET', K.queued)) or 0, delayed = redis.call('ZCARD', K.delayed),
     in_flight = redis.call('ZCARD', K.inflight), seen = redis.call('SCARD', K.dupefilter),
-    dead = redis.call('LLEN', K.dead), seeds = seed_total(),
+    dead = redis.call('LLEN', K.dead), seeds = seed_count(),
     pages = 0, items = 0, errors = 0, retries = 0,
     pages_per_s = 0, items_per_s = 0, alive = 0, nodes = {},
 }

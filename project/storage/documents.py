@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -14,6 +15,8 @@ from bson.errors import BSONError
 __all__ = [
     "MAX_BSON_SIZE",
     "bounded",
+    "content_hash",
+    "escape_key",
     "from_ms",
     "safe_text",
     "stored_ms",
@@ -138,7 +141,21 @@ def _key(key: object) -> str:
         text = key if isinstance(key, str) else str(key)
     except Exception:  # noqa: BLE001 (a hostile __str__)
         text = f"<{type(key).__name__}>"
-    text = _text(text, _MAX_KEY).replace("\x00", "")
-    if text.startswith("$"):
-        text = "\uff04" + text[1:]
-    return text.replace(".", "\uff0e") or "_"
+    return escape_key(_text(text, _MAX_KEY))
+
+
+def escape_key(key: str) -> str:
+    """A field name as stored: no NUL, no leading ``$``, no ``.`` (their full-width forms)."""
+    key = key.replace("\x00", "")
+    if not key:
+        return "_"  # MongoDB refuses an empty name in an update
+    if key.startswith("$"):
+        key = "\uff04" + key[1:]
+    return key.replace(".", "\uff0e")
+
+
+def content_hash(doc: Mapping[str, Any]) -> str:
+    """SHA-256 over a document's canonical JSON: equal for equal content."""
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # surrogatepass: a lone surrogate from a page still hashes (MongoDB refuses it later).
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()

@@ -24,8 +24,9 @@ from itemadapter import ItemAdapter
 from project.items import ProductItem
 from project.schema import Product, canonical_product_url, is_http_url, normalise_url
 from project.storage.config import collection_name_error
+from project.storage.documents import content_hash, escape_key
 from project.storage.itemtypes import TypeTable
-from project.storage.values import content_hash, escape_key, item_document
+from project.storage.values import item_document
 
 if TYPE_CHECKING:
     from project.storage.config import MongoConfig

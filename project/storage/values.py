@@ -17,7 +17,6 @@ deeper than MongoDB's 100 levels, or an item whose own code raises while it is r
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -31,7 +30,9 @@ from itemadapter import ItemAdapter
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-__all__ = ["MAX_DEPTH", "DocumentError", "content_hash", "escape_key", "item_document"]
+from project.storage.documents import escape_key
+
+__all__ = ["MAX_DEPTH", "DocumentError", "item_document"]
 
 #: MongoDB's deepest document; the item itself is level 1.
 MAX_DEPTH = 100
@@ -67,23 +68,6 @@ def item_document(item: Any) -> tuple[dict[str, Any], int]:
     except Exception as exc:  # an item's own code may raise anything
         raise _failed(exc) from exc
     return converter.mapping(fields, 1), converter.escaped
-
-
-def content_hash(doc: Mapping[str, Any]) -> str:
-    """SHA-256 over a document's canonical JSON, as ``Product.content_hash`` computes it."""
-    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    # surrogatepass: a lone surrogate still hashes (MongoDB refuses the document later).
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def escape_key(key: str) -> str:
-    """A field name as stored: no NUL, no leading ``$``, no ``.``."""
-    key = key.replace("\x00", "")
-    if not key:
-        return "_"  # MongoDB refuses an empty name in an update
-    if key.startswith("$"):
-        key = "\uff04" + key[1:]
-    return key.replace(".", "\uff0e")
 
 
 def _model_dump(model: BaseModel) -> dict[str, Any]:

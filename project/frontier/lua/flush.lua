@@ -26,13 +26,9 @@
     KEYS[19] start       the claim on start()
   Output: keys deleted, or -1 when the crawl is not over (nothing deleted)
 ]]
-local seeds
-if redis.call('TYPE', K.start_urls).ok == 'set' then seeds = redis.call('SCARD', K.start_urls)
-else seeds = redis.call('LLEN', K.start_urls) end
-local busy = tonumber(redis.call('GET', K.queued) or 0) + redis.call('ZCARD', K.delayed)
-             + redis.call('ZCARD', K.inflight) + seeds
-local claim = redis.call('GET', K.start)
-if busy > 0 or (claim and string.sub(claim, 1, 4) == 'run\n') then return -1 end
+--@include lib/crawl.lua
+
+if work_left() > 0 or start_running() == 1 then return -1 end
 return redis.call('DEL', K.queue, K.inflight, K.delayed, K.dupefilter, K.seq, K.throttled,
                   K.limits, K.rates, K.buckets, K.active, K.leases, K.lat_sum, K.lat_n,
                   K.queued, K.deliveries, K.allowed, K.recent, K.start)

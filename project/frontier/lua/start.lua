@@ -17,6 +17,8 @@
                          its start() may run again (a node starting a new crawl)
   Output: 'claimed' (run start() now), 'running' (another node runs it) or 'done'
 ]]
+--@include lib/crawl.lua
+
 local opt = cjson.decode(ARGV[1])
 local held = redis.call('GET', K.start)
 local function claim()
@@ -26,10 +28,5 @@ end
 if not held then return claim() end
 if held ~= 'done' then return 'running' end
 if not opt.new_crawl then return 'done' end
-local seeds
-if redis.call('TYPE', K.start_urls).ok == 'set' then seeds = redis.call('SCARD', K.start_urls)
-else seeds = redis.call('LLEN', K.start_urls) end
-local busy = tonumber(redis.call('GET', K.queued) or 0) + redis.call('ZCARD', K.delayed)
-             + redis.call('ZCARD', K.inflight) + seeds
-if busy == 0 then return claim() end
+if work_left() == 0 then return claim() end
 return 'done'

@@ -56,6 +56,7 @@
 --@include lib/chunked.lua
 --@include lib/site_queues.lua
 --@include lib/leases.lua
+--@include lib/crawl.lua
 --@include step/enqueue.lua
 --@include step/settle.lua
 --@include step/heartbeat.lua

@@ -30,9 +30,3 @@ local function take_seeds(count, deadline, node)
     chunked('ZADD', K.inflight, args, 2)
     return seeds, tag
 end
-
--- Seeds waiting, in a list or (REDIS_START_URLS_AS_SET) a set
-local function seed_count()
-    if redis.call('TYPE', K.start_urls).ok == 'set' then return redis.call('SCARD', K.start_urls) end
-    return redis.call('LLEN', K.start_urls)
-end

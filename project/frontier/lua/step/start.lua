@@ -23,10 +23,3 @@ local function start_claim(action, node, lease_ms)
     end
     return 1
 end
-
--- 1 while some node runs start(): the fleet's crawl has not really begun
-local function start_running()
-    local held = redis.call('GET', K.start)
-    if held and string.sub(held, 1, 4) == 'run\n' then return 1 end
-    return 0
-end
