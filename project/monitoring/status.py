@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from project.frontier import lua
 from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
@@ -46,11 +47,6 @@ PRIORITY_BAND = 10_000_000_000
 SITES_LISTED = 20
 #: Item collections besides products counted in a status (each is one round trip).
 _ITEM_COLLECTIONS = 20
-#: Seeds waiting: a list, or a set with REDIS_START_URLS_AS_SET.
-_SEED_COUNT = (
-    "if redis.call('TYPE', KEYS[1]).ok == 'set' then return redis.call('SCARD', KEYS[1]) end"
-    " return redis.call('LLEN', KEYS[1])"
-)
 #: Sites read from each index (ready, throttled, lease counts) per status at most.
 SITES_SCANNED = 10_000
 #: Priorities counted in each listed site's queue (a queue rarely holds more).
@@ -170,7 +166,8 @@ def frontier_snapshot(
     pipe.zrange(keys.inflight, 0, -1)
     pipe.scard(keys.dupefilter)
     pipe.memory_usage(keys.dupefilter)
-    pipe.eval(_SEED_COUNT, 1, keys.start_urls)
+    seeds = lua.load("seed_count")
+    pipe.eval(seeds.source, 1, *seeds.keys_from(keys))
     pipe.llen(keys.dead)
     pipe.zrange(keys.queue, 0, SITES_SCANNED - 1)
     pipe.zcard(keys.queue)
