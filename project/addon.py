@@ -23,6 +23,7 @@ from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
 from project.frontier.config import FrontierConfig, RetryConfig
 from project.frontier.keys import FrontierKeys
+from project.frontier.politeness import derive
 from project.frontier.retry import FrontierRetryMiddleware
 from project.frontier.robots import (
     ExpiringRobotsTxtMiddleware,
@@ -103,6 +104,8 @@ class FleetAddon:
             _setdefault(settings, name, value)
         for name, default in exported_defaults(RenderingConfig).items():
             _setdefault(settings, name, default)
+        # Node limits from the fleet's: FLEET_SITE_CONCURRENCY is the one knob of a site.
+        derive(settings, _PRIORITY)
         for setting, components in (
             ("DOWNLOADER_MIDDLEWARES", _DOWNLOADER_MIDDLEWARES),
             ("SPIDER_MIDDLEWARES", _SPIDER_MIDDLEWARES),

@@ -131,18 +131,70 @@ def test_lease_takes_priority_first_then_first_in_first_out(
 def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
+    """The cap counts download permits: a site at its cap leaves the ready index until a
+    permit comes back, and then any node may lease it at once."""
+
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
         await a.step(StepBatch(enqueue=[entry(n) for n in range(10)]))
-        assert len((await a.step(StepBatch(want=10))).leased) == 3
-        # the site waits in `throttled`; node b gets nothing either
+        first = await a.step(StepBatch(want=10))
+        assert len(first.leased) == 3
+        assert first.permits == [("s", 3)]
+        # the site waits in `capped`; node b gets nothing either
         taken = await b.step(StepBatch(want=10))
         assert taken.leased == []
-        assert taken.next_wake_ms is not None
-        assert 0 <= taken.next_wake_ms <= 100
+        assert redis_client.sismember(keys.capped, "s")
+        assert redis_client.zscore(keys.queue, "s") is None
+        # a permit b asks for ahead is refused too: the cap is the fleet's
+        assert (await b.step(StepBatch(want=10, ahead=[("s", 0, 2, 0)]))).permits == []
+        # node a gives one permit back: the site is ready again, for b
+        await a.step(StepBatch(give_back=[("s", 1)]))
+        assert not redis_client.sismember(keys.capped, "s")
+        again = await b.step(StepBatch(want=10))
+        assert len(again.leased) == 1
+        assert again.permits == [("s", 1)]
+        # a may hold more requests than permits (ahead), within its own leases
+        ahead = await a.step(StepBatch(want=2, slots=0, ahead=[("s", 2, 0, 2)]))
+        assert len(ahead.leased) == 2
+        assert ahead.permits == []
 
     run(redis_url, keys, scenario, limits=SiteLimits(concurrency=3))
     assert redis_client.hget(keys.active, "s") == b"3"
-    assert redis_client.zscore(keys.throttled, "s") is not None
+    assert redis_client.hgetall(keys.permits_of("node-a")) == {b"s": b"2"}
+    assert redis_client.hgetall(keys.permits_of("node-b")) == {b"s": b"1"}
+
+
+def test_permits_of_a_node_that_stopped_stepping_go_back(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """A node that dies holding permits loses them at its deadline; the site is ready again."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(5)]))
+        assert len((await a.step(StepBatch(want=5))).leased) == 2
+        assert (await b.step(StepBatch(want=5))).leased == []
+        redis_client.zadd(keys.holders, {"node-a": 1})  # its deadline passed long ago
+        await b.step(StepBatch(maintain=True))
+        assert redis_client.hget(keys.active, "s") is None
+        assert len((await b.step(StepBatch(want=5))).leased) == 2
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=2))
+    assert redis_client.exists(keys.permits_of("node-a")) == 0
+    assert redis_client.zscore(keys.holders, "node-a") is None
+
+
+def test_release_gives_back_leases_and_permits(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(4)]))
+        leased = (await a.step(StepBatch(want=4))).leased
+        assert len(leased) == 2
+        members = [a.request_member(x.site, x.payload) for x in leased]
+        assert await a.release(members) == 2
+        assert len((await b.step(StepBatch(want=4))).leased) == 2
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=2))
+    assert redis_client.exists(keys.permits_of("node-a")) == 0
 
 
 def test_lease_spends_a_sites_tokens_at_its_rate(redis_url: str, keys: FrontierKeys) -> None:
@@ -171,7 +223,8 @@ def test_settle_dead_letters_leave_the_inflight_set(
 
     run(redis_url, keys, scenario)
     assert redis_client.zcard(keys.inflight) == 0
-    assert redis_client.hget(keys.active, "s") is None
+    # the permit is the node's until it gives it back (it may start the next request)
+    assert redis_client.hget(keys.active, "s") == b"1"
     assert redis_client.lrange(keys.dead, 0, -1) == [b'{"url":"http://s/1"}']
 
 
@@ -542,6 +595,7 @@ def test_maintenance_forgets_the_counters_of_sites_idle_for_ten_minutes(
                                          entry(3, site="busy")]))  # fmt: skip
         for leased in (await a.step(StepBatch(want=3))).leased:
             await a.step(StepBatch(acks=[a.request_member(leased.site, leased.payload)]))
+        await a.step(StepBatch(give_back=[("old", 1), ("busy", 1)]))  # the node is done
         assert redis_client.hget(keys.leases, "old") == b"1"
         seconds, _ = redis_client.time()
         long_ago = (int(seconds) - 11 * 60) * 1000

@@ -40,7 +40,9 @@ def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
     Node records, history and the robots.txt cache stay. Returns the keys deleted.
     """
     site_queues = list(client.scan_iter(match=site_queue_pattern(keys), count=1000))
-    doomed = [*site_queues, *keys.frontier()]
+    holders: Any = client.zrange(keys.holders, 0, -1)
+    permits = [keys.permits_of(node.decode("utf-8", "surrogateescape")) for node in holders]
+    doomed = [*site_queues, *permits, *keys.frontier()]
     deleted = 0
     for start in range(0, len(doomed), 1000):
         deleted += int(client.delete(*doomed[start : start + 1000]))

@@ -83,6 +83,8 @@ class FrontierKeys:
     allowed: str
     recent: str
     start: str
+    capped: str
+    holders: str
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -108,7 +110,8 @@ class FrontierKeys:
             for name in (
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
-                "history", "layout", "deliveries", "allowed", "recent", "start",
+                "history", "layout", "deliveries", "allowed", "recent", "start", "capped",
+                "holders",
             )
         }  # fmt: skip
         return cls(
@@ -141,6 +144,10 @@ class FrontierKeys:
     def site_queue(self, site: str) -> str:
         """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""
         return f"{self.queue}:{site}"
+
+    def permits_of(self, node: str) -> str:
+        """The hash of the download permits *node* holds (``holder_key`` in lib/permits.lua)."""
+        return f"{self.active}:{node}"
 
     def robots_lock(self, netloc: str) -> str:
         """The lock one node holds while it fetches *netloc*'s robots.txt for the fleet."""

@@ -3,7 +3,8 @@
 Layout 2 carries a request's site in its in-flight member (``<node>\\nR<site>\\n<payload>``)
 and in its delayed member (``<site>\\n<payload>``); layout 1 left it out and parsed it
 from the payload. Layout 3 records when each site was last leased (``<prefix>:recent``),
-so the counters of idle sites can be forgotten. The first node of a newer fleetcrawl rewrites the old members once,
+so the counters of idle sites can be forgotten. Layout 4 counts download permits in
+``<prefix>:active`` (lib/permits.lua), where layout 3 counted leases: the old counts go. The first node of a newer fleetcrawl rewrites the old members once,
 under a lock, and records the version in ``<prefix>:layout``; later starts cost one GET.
 Stop every node of the older version before starting the new one.
 """
@@ -25,7 +26,7 @@ __all__ = ["LAYOUT_VERSION", "ensure_layout"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 _LOCK_SECONDS = 120.0  # long enough to rewrite a large delayed set
 _SCAN_COUNT = 1000
 
@@ -97,7 +98,10 @@ async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
         if found is None or int(found) < 2:
             inflight = await _rewrite(server, keys.inflight, _upgraded_inflight)
             delayed = await _rewrite(server, keys.delayed, _upgraded_delayed)
-        await _date_sites(server, keys)
+        if found is None or int(found) < 3:
+            await _date_sites(server, keys)
+        if found is not None and int(found) < 4:
+            await server.delete(keys.active)  # leases of the stopped older nodes
         await server.set(keys.layout, current)
     if inflight or delayed:
         logger.warning(

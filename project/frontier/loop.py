@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,19 @@ RETRY_COPY_META_KEY = "_frontier_retry_copy"
 
 _BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
 _BACKOFF_MAX = 10.0
+#: Seconds between the round trips of a node with nothing to do while the fleet still
+#: works: it sees the crawl's end, or new work, this soon.
+_END_POLL = 0.25
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux), or None where /proc cannot say."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _rescope(scope: str, ip: dict[str, str]) -> str:
@@ -66,6 +80,7 @@ class _Lease:
     site: str
     payload: bytes
     leased_at: float = 0.0  # monotonic time the node took it
+    downloading: bool = False  # it holds one of its site's download permits
 
 
 @dataclass(slots=True)
@@ -105,7 +120,15 @@ class FrontierLoop:
         self.finished = False
         self._heap: list[tuple[float, int, Request, _Lease]] = []
         self._heap_counter = 0
-        self._consumed = 0  # requests dispatched since the last round trip
+        # Download permits (lua/lib/permits.lua): held per site, in use per site, leased
+        # requests per site not dispatched yet, and those waiting for a permit to free.
+        self._permits: Counter[str] = Counter()
+        self._busy: Counter[str] = Counter()
+        self._ready: Counter[str] = Counter()
+        self._blocked: dict[str, list[tuple[float, int, Request, _Lease]]] = {}
+        self._ended: Counter[str] = Counter()  # downloads ended since the last round trip
+        self._shares: dict[str, int] = {}  # this node's share of a site's cap (lua/step/lease.lua)
+        self._first_lease = False
         self._dispatched: dict[Request, _Lease] = {}
         self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []
         self._buffered = 0  # requests ever buffered; the first ones leave with each step
@@ -122,7 +145,8 @@ class FrontierLoop:
         self._start: str | None = None
         self._start_after = 0
         self._dupe_logged = False  # Scrapy logs the first duplicate, or all with DUPEFILTER_DEBUG
-        self._idle_since: float | None = None
+        self._seen_work = False  # this node saw the fleet's crawl with work left, or did some
+        self._started_at = time.monotonic()
         self._closing = False
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -142,30 +166,76 @@ class FrontierLoop:
             self._wakeup.set()
 
     def pop(self) -> Request | None:
-        """The best leased request, now counted as dispatched."""
+        """The best leased request whose site has a free download permit, now dispatched."""
         self._wakeup.set()
-        if not self._heap:
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            *_, request, lease = entry
+            site = lease.site
+            if self._busy[site] >= self._usable(site):
+                # every permit of its site is downloading: it waits for one to end
+                self._blocked.setdefault(site, []).append(entry)
+                continue
+            break
+        else:
             return None
-        *_, request, lease = heapq.heappop(self._heap)
+        self._busy[site] += 1
+        self._ready[site] -= 1
+        lease.downloading = True
         self._dispatched[request] = lease
-        self._consumed += 1
         self.stats.inc_value("frontier/dispatched")
         # Scrapy's scheduler counts these (and scrapy-redis' its /redis share)
         self.stats.inc_value("scheduler/dequeued")
         self.stats.inc_value("scheduler/dequeued/redis")
         return request
 
+    def download_ended(self, request: Request) -> None:
+        """*request* left the downloader: its permit may start the next request of its site."""
+        lease = self._dispatched.get(request)
+        if lease is not None and lease.downloading:
+            self._end_download(lease)
+
+    def _end_download(self, lease: _Lease) -> None:
+        lease.downloading = False
+        site = lease.site
+        self._busy[site] -= 1
+        self._ended[site] += 1
+        self._unblock(site)
+
+    def _usable(self, site: str) -> int:
+        """Permits of *site* this node may download with: those above its share go back."""
+        share = self._shares.get(site, 0)
+        permits = self._permits[site]
+        return min(permits, share) if share else permits
+
+    def _unblock(self, site: str) -> None:
+        waiting = self._blocked.pop(site, None)
+        if waiting:
+            for entry in waiting:
+                heapq.heappush(self._heap, entry)
+
     def has_pending(self) -> bool:
         """Leased requests not dispatched yet, or requests not enqueued yet."""
-        return bool(self._heap or self._enqueue)
+        return bool(self._heap or self._blocked or self._enqueue)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return sum(self._ready.values())
 
     @property
     def held(self) -> int:
         """Requests this node holds: leased but not yet settled."""
-        return len(self._heap) + len(self._dispatched)
+        return sum(self._ready.values()) + len(self._dispatched)
+
+    @property
+    def downloading(self) -> int:
+        """Requests this node downloads now (each holds a permit of its site)."""
+        return sum(self._busy.values())
+
+    def _undispatched(self) -> list[_Lease]:
+        leases = [lease for *_, lease in self._heap]
+        for waiting in self._blocked.values():
+            leases += [lease for *_, lease in waiting]
+        return leases
 
     def begin_start(self) -> None:
         """This node holds the claim on the spider's start(): extend it with the heartbeats."""
@@ -202,9 +272,10 @@ class FrontierLoop:
         self._reconcile(force=True)
         try:
             while self._enqueue or self._has_settlements() or self._start == "done":
-                await self._step(want=0, seed_want=0)
-            held = [lease.member for *_, lease in self._heap]
+                await self._step(closing=True)
+            held = [lease.member for lease in self._undispatched()]
             released = await self.queue.release(held)
+            self._permits.clear()
             if released:
                 logger.info("Released %d unstarted leases", released, extra={"spider": self.spider})
         except RedisError as exc:
@@ -222,13 +293,12 @@ class FrontierLoop:
     async def _run(self) -> None:
         tick = self.config.tick_seconds
         delay = tick
+        self._started_at = time.monotonic()
         while not self._closing:
             started = time.monotonic()
             try:
                 self._reconcile()
-                want = self._want()
-                self._consumed = 0
-                busy = await self._step(want=want, seed_want=self._seed_want())
+                busy = await self._step()
                 self.dead_sink.kick()
             except RedisError as exc:
                 self._on_redis_error(exc)
@@ -241,7 +311,9 @@ class FrontierLoop:
             else:
                 self._on_redis_back()
                 delay = tick if busy else min(max(delay * 2, tick), self.config.idle_poll_max)
-                if self._next_wake is not None and self._want():
+                if self._fleet_busy():
+                    delay = min(delay, max(tick, _END_POLL))
+                if self._next_wake is not None and self._slots():
                     # A throttled site gets tokens then: be there to lease them.
                     delay = min(delay, max(tick, self._next_wake - time.monotonic()))
             # At most one round trip per tick; sooner only when woken with work.
@@ -254,7 +326,11 @@ class FrontierLoop:
                     delay = tick
 
     def _has_work(self) -> bool:
-        return bool(self._enqueue or self._dispatched or self._want())
+        return bool(self._enqueue or self._dispatched or self._slots())
+
+    def _fleet_busy(self) -> bool:
+        """The last counts this node read say the fleet has work left."""
+        return self._counts is not None and any(self._counts)
 
     def _has_settlements(self) -> bool:
         return bool(self._settlements)
@@ -302,13 +378,41 @@ class FrontierLoop:
             )
             self._redis_down_since = None
 
-    def _want(self) -> int:
-        # A fast node drains its local batch within one tick: lease ahead by
-        # about what it consumed last tick, so it never waits on Redis.
-        # FRONTIER_PREFETCH = 0 asks for strict priority order instead.
+    def _slots(self) -> int:
+        """New download permits this node could use (CONCURRENT_REQUESTS in all)."""
+        return max(0, self.config.concurrency - sum(self._permits.values()))
+
+    def _plan(self, batch: StepBatch) -> None:
+        """What to lease, per site and in all, and which permits to give back.
+
+        A permit without a request to start goes back, as does one above this node's share of
+        the site's cap once free; requests waiting for a permit ask for one; and each site
+        with permits keeps a few requests more than it can start
+        (FRONTIER_PREFETCH, or twice the downloads that ended since the last round trip),
+        so a download that ends starts the next at once. FRONTIER_PREFETCH = 0 leases only
+        what starts at once, for strict priority order.
+        """
         config = self.config
-        prefetch = max(config.prefetch, 2 * self._consumed) if config.prefetch else 0
-        return max(0, min(config.batch_max, config.concurrency + prefetch - self.held))
+        held = 0
+        more = 0
+        for site in {*self._permits, *(s for s, n in self._ready.items() if n > 0)}:
+            permits, busy, ready = self._permits[site], self._busy[site], self._ready[site]
+            free = permits - busy
+            back = free - min(ready, max(0, self._usable(site) - busy))
+            if back > 0:
+                batch.give_back.append((site, back))
+                permits -= back
+            held += permits
+            waiting = max(0, ready - (permits - busy))
+            target = 0
+            if config.prefetch and permits > 0:
+                target = min(permits, max(config.prefetch, 2 * self._ended[site]))
+            extra = max(0, target - waiting)
+            batch.ahead.append((site, extra, waiting, permits))
+            more += extra
+        batch.slots = max(0, config.concurrency - held)
+        batch.want = min(config.batch_max, batch.slots + more)
+        self._ended.clear()
 
     def _seed_want(self) -> int:
         if self._closing or not self._seeds_maybe:
@@ -322,6 +426,8 @@ class FrontierLoop:
         inprogress = set() if force else requests_in_progress(self.crawler)
         for request in [r for r in self._dispatched if r not in inprogress]:
             lease = self._dispatched.pop(request)
+            if lease.downloading:
+                self._end_download(lease)  # it never reached the downloader, or left unseen
             self._stale.discard(lease.member)
             outcome = request.meta.get(OUTCOME_META_KEY)
             if outcome is None:
@@ -359,10 +465,12 @@ class FrontierLoop:
             separators=(",", ":"),
         ).encode()
 
-    async def _step(self, want: int, seed_want: int) -> bool:
+    async def _step(self, closing: bool = False) -> bool:
         """One round trip. Returns True when it moved anything."""
         now = time.monotonic()
-        batch = StepBatch(want=want, seed_want=seed_want)
+        batch = StepBatch(seed_want=0 if closing else self._seed_want())
+        if not closing:
+            self._plan(batch)
         batch.enqueue = self._enqueue[: self.config.batch_max]
         # Settle a lease only once everything its callback produced is sent: in an
         # earlier round trip, or in this one (the script enqueues before it settles).
@@ -381,7 +489,7 @@ class FrontierLoop:
         if self._resolver is not None:
             await self._key_by_ip(batch, self._resolver)
         if now - self._last_heartbeat >= self.config.heartbeat_seconds:
-            batch.heartbeat = [lease.member for *_, lease in self._heap]
+            batch.heartbeat = [lease.member for lease in self._undispatched()]
             batch.heartbeat += self._live_leases(now)
             # Leases waiting for their children to reach Redis are still held.
             for settlement in self._settlements[settled:]:
@@ -389,6 +497,14 @@ class FrontierLoop:
                 batch.heartbeat += [member for member, *_ in settlement.retries]
                 batch.heartbeat += [member for member, _ in settlement.dead]
         batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
+        # A node with nothing of its own left after this step asks whether the fleet has:
+        # the crawl ends the moment nothing is left anywhere.
+        batch.count = not closing and (
+            not self.held
+            and len(self._enqueue) <= self.config.batch_max
+            and settled == len(self._settlements)
+            and self._start is None
+        )
         batch.list_dupes = bool(batch.enqueue) and (
             self.config.dupefilter_debug or not self._dupe_logged
         )
@@ -421,9 +537,10 @@ class FrontierLoop:
         self._count("frontier/refused/offsite", result.offsite)
         if batch.heartbeat:
             self._last_heartbeat = now
+        if batch.maintain or batch.count:
+            self._counts = result.counts
         if batch.maintain:
             self._last_maintenance = now
-            self._counts = result.counts
             self._seeds_maybe = self._seeds_maybe or bool(result.counts and result.counts[3])
             self._count("frontier/reaped", result.reaped)
             self._count("frontier/retries_due", result.promoted)
@@ -433,15 +550,30 @@ class FrontierLoop:
                     result.reaped,
                     extra={"spider": self.spider},
                 )
+        for site, n in batch.give_back:
+            self._permits[site] -= n
+            if self._permits[site] <= 0:
+                del self._permits[site]
+        self._shares.update(result.shares)
+        for site, n in result.permits:
+            self._permits[site] += n
+            self._unblock(site)
+        for site in [s for s, n in self._ready.items() if n <= 0 and not self._permits[s]]:
+            # a site this node is done with: forget it (a crawl may see thousands)
+            del self._ready[site]
+            self._busy.pop(site, None)
+            self._shares.pop(site, None)
+        self._count("frontier/permits/returned", sum(n for _, n in batch.give_back))
+        self._count("frontier/permits/granted", sum(n for _, n in result.permits))
         self._count("frontier/enqueued", result.added)
         self._count("frontier/duplicates", result.duplicates)
         self._count("dupefilter/filtered", result.duplicates)
         if result.duplicate_at:
             self._log_duplicates([batch.enqueue[i][3] for i in result.duplicate_at])
         self._accept_leases(result.leased)
-        self._accept_seeds(result.seeds, seed_want, result.seeds_kind)
+        self._accept_seeds(result.seeds, batch.seed_want, result.seeds_kind)
         moved = bool(batch.enqueue or result.leased or result.seeds or batch.acks)
-        self._check_finished(moved)
+        self._check_finished(moved, result.counts if batch.maintain or batch.count else None)
         if result.leased or result.seeds or self.finished:
             wake_engine(self.crawler)
         return moved
@@ -503,6 +635,16 @@ class FrontierLoop:
     def _accept_leases(self, leased: list[Leased]) -> None:
         self._count("frontier/leased", len(leased))
         now = time.monotonic()
+        if leased and not self._first_lease:
+            self._first_lease = True
+            age = process_age()
+            if age is not None:
+                self.stats.set_value("frontier/first_lease_seconds", round(age, 3))
+                logger.info(
+                    "First lease %.2fs after the process started",
+                    age,
+                    extra={"spider": self.spider},
+                )
         for entry in leased:
             member = self.queue.request_member(entry.site, entry.payload)
             try:
@@ -517,6 +659,7 @@ class FrontierLoop:
             self._heap_counter += 1
             lease = _Lease(member, entry.site, entry.payload, now)
             heapq.heappush(self._heap, (entry.score, self._heap_counter, request, lease))
+            self._ready[entry.site] += 1
 
     def _accept_seeds(self, seeds: list[bytes], asked: int, kind: str = "S") -> None:
         if asked and len(seeds) < asked:
@@ -595,26 +738,38 @@ class FrontierLoop:
                 extra={"spider": self.spider},
             )
 
-    def _check_finished(self, moved: bool) -> None:
+    def _check_finished(self, moved: bool, counts: tuple[int, int, int, int, int] | None) -> None:
+        """Finish the moment the fleet has nothing left, with nothing of this node's own.
+
+        Exact, not a grace period: a lease is acknowledged only in the round trip that
+        enqueues what its callback produced (or after), start() holds its claim until its
+        last request is in, seeds are leased, so the counts are zero only when no node
+        holds anything that could still produce work. A node that never saw work waits
+        FRONTIER_IDLE_GRACE seconds for a crawl to begin (seeds pushed just after it).
+        """
+        if moved or (counts is not None and any(counts)):
+            self._seen_work = True
         local_busy = bool(
-            self._heap
-            or self._dispatched
+            self.held
             or self._enqueue
             or self._has_settlements()
             or moved
             or self._start is not None
         )
-        fleet_busy = self._counts is None or any(self._counts)
-        if local_busy or fleet_busy or self.config.keep_alive:
-            self._idle_since = None
+        if local_busy or self.config.keep_alive or self.finished:
             return
-        now = time.monotonic()
-        if self._idle_since is None:
-            self._idle_since = now
-        elif now - self._idle_since >= self.config.idle_grace and not self.finished:
+        if counts is None or any(counts):
+            return  # only counts read in this very round trip say the fleet is done
+        if self._seen_work:
             logger.info(
-                "Fleet idle for %.1fs: queue, retries, leases and seeds are empty",
-                now - self._idle_since,
+                "Crawl over: no request queued, leased or retried and no seed waiting",
+                extra={"spider": self.spider},
+            )
+            self.finished = True
+        elif time.monotonic() - self._started_at >= self.config.idle_grace:
+            logger.info(
+                "No crawl to join: the frontier stayed empty for %.1fs (FRONTIER_IDLE_GRACE)",
+                self.config.idle_grace,
                 extra={"spider": self.spider},
             )
             self.finished = True

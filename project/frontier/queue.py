@@ -37,9 +37,20 @@ class StepBatch:
     pauses: list[tuple[str, int]] = field(default_factory=list)
     #: (site, seconds summed, samples)
     latency: list[tuple[str, float, int]] = field(default_factory=list)
+    #: (site, permits) this node gives back: it has no request of that site for them
+    give_back: list[tuple[str, int]] = field(default_factory=list)
+    #: (site, requests, permits, held) for sites this node works on: requests to lease
+    #: ahead, without a permit, permits for requests it holds but may not start yet, and
+    #: the permits of the site it holds
+    ahead: list[tuple[str, int, int, int]] = field(default_factory=list)
+    #: requests to lease in all, and how many of them with a new download permit (None:
+    #: each of them)
     want: int = 0
+    slots: int | None = None
     seed_want: int = 0
     maintain: bool = False
+    #: Return the counts without maintenance (an idle node looking for the end).
+    count: bool = False
     #: "run": extend this node's claim on the spider's start(); "done": end it (lua/start.lua)
     start: str | None = None
     #: Ask where the duplicates are in ``enqueue`` (to log them).
@@ -80,6 +91,10 @@ class StepResult:
     duplicate_at: list[int] = field(default_factory=list)
     #: "S": the seeds came from a list, "T": from a set (see :meth:`LeasedQueue.seed_member`).
     seeds_kind: str = "S"
+    #: Download permits granted with the leases: (site, n).
+    permits: list[tuple[str, int]] = field(default_factory=list)
+    #: This node's share of the cap of each site it named in ``ahead`` (0: no cap).
+    shares: dict[str, int] = field(default_factory=dict)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -128,6 +143,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
             "node": self.node_id,
             "lease_ms": self.lease_ms,
             "want": batch.want,
+            "slots": batch.want if batch.slots is None else batch.slots,
             "seed_want": batch.seed_want,
             "maintain": batch.maintain,
             "max_deliveries": self.max_deliveries,
@@ -146,10 +162,14 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 "retry": len(batch.retries),
                 "dead": len(batch.dead),
                 "heartbeat": len(batch.heartbeat),
+                "give_back": len(batch.give_back),
                 "pause": len(batch.pauses),
                 "latency": len(batch.latency),
+                "ahead": len(batch.ahead),
             },
         }
+        if batch.count:
+            options["count"] = True
         if batch.start is not None:
             options["start"] = batch.start
         if batch.list_dupes:
@@ -167,10 +187,14 @@ class LeasedQueue(Base):  # type: ignore[misc]
         for dead in batch.dead:
             argv += dead
         argv += batch.heartbeat
+        for give_back in batch.give_back:
+            argv += give_back
         for pause in batch.pauses:
             argv += pause
         for sample in batch.latency:
             argv += sample
+        for ahead in batch.ahead:
+            argv += ahead
         keys = self._scripts["step"].keys_from(self.keys)
         reply = await self._step(keys=keys, args=argv)
         added, dupes, leased, seeds, reaped, promoted, counts, wake, poisoned, stale, offsite = (
@@ -201,6 +225,14 @@ class LeasedQueue(Base):  # type: ignore[misc]
             start_held=bool(reply[11]),
             seeds_kind=reply[13].decode() if isinstance(reply[13], bytes) else str(reply[13]),
             duplicate_at=[int(i) for i in reply[12]],
+            permits=[
+                (reply[14][j].decode("utf-8", "surrogateescape"), int(reply[14][j + 1]))
+                for j in range(0, len(reply[14]), 2)
+            ],
+            shares={
+                reply[15][j].decode("utf-8", "surrogateescape"): int(reply[15][j + 1])
+                for j in range(0, len(reply[15]), 2)
+            },
         )
 
     async def claim_start(self, *, new_crawl: bool) -> str:
@@ -213,11 +245,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
         return reply.decode() if isinstance(reply, bytes) else str(reply)
 
     async def release(self, members: list[bytes]) -> int:
-        """Give leases back to the queue at once (clean shutdown)."""
-        if not members:
-            return 0
+        """Give leases back to the queue, and every download permit to the fleet, at once
+        (clean shutdown); returns the leases given back."""
         keys = self._scripts["release"].keys_from(self.keys)
-        return int(await self._release(keys=keys, args=members))
+        return int(await self._release(keys=keys, args=[self.node_id, *members]))
 
     def request_member(self, site: str, payload: bytes) -> bytes:
         """The in-flight member under which this node holds *payload* of *site*."""

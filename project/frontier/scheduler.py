@@ -35,6 +35,7 @@ from project.frontier.loop import (
     SEED_META_KEY,
     FrontierLoop,
 )
+from project.frontier.politeness import unreachable
 from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
 from project.frontier.sites import (
@@ -140,6 +141,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         )
         if config.limits.adaptive:
             self.crawler.signals.connect(self._on_response, signal=signals.response_received)
+        self.crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
         self.crawler.signals.connect(self._on_spider_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._connect, signal=signals.spider_opened)
         self._retry = RetryPolicy.from_crawler(self.crawler)
@@ -213,6 +215,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             config.lease_seconds,
             extra={"spider": spider},
         )
+        for line in unreachable(self.crawler.settings, config):
+            self.stats.inc_value("frontier/politeness/node_limits")
+            logger.warning("Site cap unreachable: %s", line, extra={"spider": spider})
         if not has_own_seeds(spider):
             logger.debug("%s reads no seeds of its own", type(spider).__name__)
         await ensure_layout(self.server, self.keys)
@@ -439,6 +444,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             0.0,
             "item_not_stored",
         )
+
+    def _left_downloader(self, request: Request) -> None:
+        if self.loop is not None:
+            self.loop.download_ended(request)
 
     def _on_response(self, response: Any, request: Request) -> None:
         latency = request.meta.get("download_latency")

@@ -15,7 +15,7 @@
     KEYS[8]  limits      fleet-wide caps
     KEYS[9]  rates       adaptive rates
     KEYS[10] buckets     token buckets
-    KEYS[11] active      leases in flight per site
+    KEYS[11] active      download permits held per site (and <active>:<node> per node)
     KEYS[12] leases      leases ever granted per site
     KEYS[13] lat_sum     latency sums
     KEYS[14] lat_n       latency samples
@@ -24,11 +24,17 @@
     KEYS[17] allowed     the crawl's sites
     KEYS[18] recent      when each site was last leased
     KEYS[19] start       the claim on start()
+    KEYS[20] capped      sites at their cap
+    KEYS[21] holders     nodes holding permits
   Output: keys deleted, or -1 when the crawl is not over (nothing deleted)
 ]]
 --@include lib/crawl.lua
 
 if work_left() > 0 or start_running() == 1 then return -1 end
-return redis.call('DEL', K.queue, K.inflight, K.delayed, K.dupefilter, K.seq, K.throttled,
+local deleted = 0
+for _, node in ipairs(redis.call('ZRANGE', K.holders, 0, -1)) do
+    deleted = deleted + redis.call('DEL', K.active .. ':' .. node)
+end
+return deleted + redis.call('DEL', K.capped, K.holders, K.queue, K.inflight, K.delayed, K.dupefilter, K.seq, K.throttled,
                   K.limits, K.rates, K.buckets, K.active, K.leases, K.lat_sum, K.lat_n,
                   K.queued, K.deliveries, K.allowed, K.recent, K.start)

@@ -1,25 +1,31 @@
 --[[
-  Give back leases a node holds but never started (a clean shutdown), so other
-  nodes can take them at once instead of after their deadline.
+  A node shuts down cleanly: the leases it holds but never started go back to
+  the queue, and its download permits to the fleet, so other nodes can take
+  them at once instead of after their deadline.
 
   Input:
     KEYS[1] inflight    leases, scored by deadline
-    KEYS[2] active      site -> leases in flight
+    KEYS[2] active      site -> download permits held
     KEYS[3] queue       ready sites
     KEYS[4] throttled   sites that must wait
     KEYS[5] seq         arrival counter
     KEYS[6] queued      requests queued over all sites
     KEYS[7] start_urls  seeds list: leased seeds go back here
-    ARGV[1..] in-flight members of this node
-  Output: how many went back (members no longer held are skipped)
+    KEYS[8] capped      sites at their concurrency cap
+    KEYS[9] holders     nodes holding permits
+    ARGV[1]   the node
+    ARGV[2..] in-flight members of this node
+  Output: how many leases went back (members no longer held are skipped)
 ]]
 --@include lib/chunked.lua
 --@include lib/site_queues.lua
 --@include lib/leases.lua
+--@include lib/permits.lua
 
+give_back_all(ARGV[1])
 local held = {}
-for _, m in ipairs(ARGV) do
-    if redis.call('ZREM', K.inflight, m) == 1 then held[#held + 1] = m end
+for j = 2, #ARGV do
+    if redis.call('ZREM', K.inflight, ARGV[j]) == 1 then held[#held + 1] = ARGV[j] end
 end
 if #held == 0 then return 0 end
-return requeue(held)
+return put_back(held)

@@ -11,6 +11,7 @@
     KEYS[4] throttled  sites that must wait
     KEYS[5] seq        arrival counter
     KEYS[6] queued     requests queued over all sites
+    KEYS[7] capped     sites at their concurrency cap
     ARGV[1] taken: records read from the head of the work list
     ARGV[2] requests: how many pairs follow
     ARGV[3..] pairs: site, payload; then the records that stay dead letters

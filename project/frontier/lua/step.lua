@@ -1,9 +1,10 @@
 --[[
   One tick of a node's frontier, as one atomic round trip: enqueue what the
-  node discovered, settle what it finished, extend what it still holds, pause
-  sites that asked for it, record latencies, reap and promote (maintenance),
-  wake throttled sites, lease the next batch within every site's limits, and
-  take a few seeds. Each phase is its own file under step/.
+  node discovered, settle what it finished, extend what it still holds, give
+  back download permits it has no request for, pause sites that asked for it,
+  record latencies, reap and promote (maintenance), wake throttled sites, lease
+  the next batch within every site's limits, and take a few seeds. Each phase is
+  its own file under step/.
 
   Input:
     KEYS[1]  queue       ready sites, scored by their best request (SCHEDULER_QUEUE_KEY)
@@ -17,7 +18,7 @@
     KEYS[9]  limits      site -> "rate concurrency", fleet-wide caps of single sites
     KEYS[10] rates       site -> adaptive rate (FLEET_AUTOTHROTTLE_ENABLED)
     KEYS[11] buckets     site -> "tokens last_ms" of its token bucket
-    KEYS[12] active      site -> leases in flight
+    KEYS[12] active      site -> download permits held (lib/permits.lua)
     KEYS[13] leases      site -> leases ever granted (achieved rates in status)
     KEYS[14] lat_sum     site -> latency seconds since the last adaptation
     KEYS[15] lat_n       site -> latency samples since the last adaptation
@@ -26,12 +27,18 @@
     KEYS[18] allowed     sites requests found on pages may go to (seeds' sites, redirects)
     KEYS[19] recent      site -> when it was last leased (ms, Redis clock)
     KEYS[20] start       the claim on the spider's start() (start.lua): 'run\n<node>' or 'done'
+    KEYS[21] capped      sites at their concurrency cap, out of the ready index
+    KEYS[22] holders     nodes stepping (they may hold download permits), scored by deadline
 
     ARGV[1]  options, one JSON object:
                node       this node's id (no newline)
                lease_ms   how long a lease lasts without a heartbeat
-               want       requests to lease; seed_want: seeds to take
+               want       requests to lease in all; slots: of them, at most this many
+                          with a new download permit (the rest go "ahead", see
+                          step/lease.lua); seed_want: seeds to take
                maintain   true: run phase 6 and return the counts
+               count      true: return the counts without maintenance (an idle node
+                          looking for the end of the crawl)
                max_deliveries  an entry whose lease expired this often is a dead letter
                limits     {rate, concurrency, burst_seconds, adaptive,
                            target_concurrency, min_rate, start_rate}: the defaults for
@@ -45,26 +52,30 @@
 
   Output: {added, duplicates, leased {site, payload, score, ...}, seeds {raw, ...},
            reaped, promoted, counts {queued, delayed, inflight, seeds, starting} or {} when
-           not maintain (starting: 1 while a node runs start()),
+           neither maintain nor count (starting: 1 while a node runs start()),
            milliseconds until the next throttled site may go, or false,
            poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped,
            1 if this node still holds the start claim it asked to extend or end, else 0,
            {batch position of a duplicate, ...} when list_dupes,
-           'S' when the seeds came from a list, 'T' from a set (their in-flight members)}
+           'S' when the seeds came from a list, 'T' from a set (their in-flight members),
+           permits granted {site, n, ...}, this node's share of the cap of each site of
+           the ahead section {site, share, ...} (0: no cap)}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
 --@include lib/site_queues.lua
 --@include lib/leases.lua
+--@include lib/permits.lua
 --@include lib/crawl.lua
 --@include step/enqueue.lua
 --@include step/settle.lua
 --@include step/heartbeat.lua
+--@include step/permits.lua
 --@include step/pause.lua
 --@include step/latency.lua
+--@include step/lease.lua
 --@include step/maintain.lua
 --@include step/wake.lua
---@include step/lease.lua
 --@include step/seeds.lua
 --@include step/start.lua
 
@@ -80,19 +91,22 @@ local stale = settle(at, n.ack, n.retry, n.dead, now)
 at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
 heartbeat(at, n.heartbeat, deadline)
 at = at + n.heartbeat * HEARTBEAT_WIDTH
+permits_back(at, n.give_back, opt.node)
+at = at + n.give_back * GIVE_BACK_WIDTH
 pause(at, n.pause, now, limits)
 at = at + n.pause * PAUSE_WIDTH
 latency(at, n.latency)
+at = at + n.latency * LATENCY_WIDTH
 
 local reaped, promoted, poisoned = 0, 0, {}
 if opt.maintain then reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries) end
 local first, woke = wake(now)
-local leased, parked = lease(opt.want, now, deadline, opt.node, limits)
+local leased, permits, parked, shares = lease(at, n.ahead, opt, now, deadline, limits)
 local seeds, seeds_kind = take_seeds(opt.seed_want, deadline, opt.node)
 local start_held = start_claim(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
-if opt.maintain then
+if opt.maintain or opt.count then
     counts = {tonumber(redis.call('GET', K.queued) or 0), redis.call('ZCARD', K.delayed),
               redis.call('ZCARD', K.inflight), seed_count(), start_running()}
 end
@@ -104,4 +118,4 @@ end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list, seeds_kind}
+        start_held, dupe_list, seeds_kind, permits, shares}

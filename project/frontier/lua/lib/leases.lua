@@ -6,27 +6,9 @@
     "<node>\nS<raw>"                a leased seed, as pushed to the <spider>:start_urls list
     "<node>\nT<raw>"                a leased seed of the set (REDIS_START_URLS_AS_SET)
 
-  Needs KEYS: active, start_urls, and those of lib/site_queues.lua (included before this).
+  Needs KEYS: start_urls, and those of lib/site_queues.lua (included before this).
 ]]
--- In-flight members leave: count them off their sites' active leases.
-local function release_active(members)
-    local per_site = {}
-    for _, m in ipairs(members) do
-        local nl = string.find(m, '\n', 1, true)
-        if string.sub(m, nl + 1, nl + 1) == 'R' then
-            local site = split_site(string.sub(m, nl + 2))
-            per_site[site] = (per_site[site] or 0) + 1
-        end
-    end
-    for site, n in pairs(per_site) do
-        -- 0 leases is no entry: the hash holds only the sites with leases out
-        if redis.call('HINCRBY', K.active, site, -n) <= 0 then
-            redis.call('HDEL', K.active, site)
-        end
-    end
-end
-
--- Members go back where they came from, as they are (their active counts already released).
+-- Members go back where they came from, as they are.
 local function put_back(members)
     local requests, seeds, set_seeds = {}, {}, {}
     for _, m in ipairs(members) do
@@ -54,10 +36,4 @@ local function put_back(members)
         end
     end
     return #requests + #seeds
-end
-
--- Expired or released in-flight members go back where they came from; returns how many.
-local function requeue(members)
-    release_active(members)
-    return put_back(members)
 end

@@ -8,9 +8,10 @@
                             so the best priority comes first and equal priorities FIFO; built
                             from the declared queue key, so when that key carries a hash tag
                             (Redis Cluster) every site queue lives in its slot
-    K.throttled             sites that must wait (tokens, concurrency, Retry-After), by wake time
+    K.throttled             sites that must wait (tokens, Retry-After), by wake time
+    K.capped                sites at their concurrency cap (lib/permits.lua)
 
-  Needs KEYS: queue, throttled, seq, queued. Needs lib/chunked.lua.
+  Needs KEYS: queue, throttled, capped, seq, queued. Needs lib/chunked.lua.
 ]]
 local PRIORITY_BAND = 1e10   -- one priority step outweighs 10^10 arrivals
 local PRIORITY_LIMIT = 100000 -- priorities are clamped so a score stays exact in a double
@@ -51,7 +52,8 @@ local function push_grouped(by_site)
     local total = 0
     for site, args in pairs(by_site) do
         total = total + chunked('ZADD', site_key(site), args, 2)
-        if not redis.call('ZSCORE', K.throttled, site) then
+        if not redis.call('ZSCORE', K.throttled, site)
+                and redis.call('SISMEMBER', K.capped, site) == 0 then
             -- LT: only ever lowers a ready site's score to its new best request
             redis.call('ZADD', K.queue, 'LT', args[1], site)
         end

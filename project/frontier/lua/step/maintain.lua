@@ -4,11 +4,13 @@
   unless that entry's leases expired max_deliveries times: then it is a dead
   letter ("poison": it may be what kills the nodes); retries whose time has
   come go back to their site's queue, adaptive rates move towards
-  target_concurrency / mean latency, and the counters of sites idle for
+  target_concurrency / mean latency, the download permits of nodes that stopped
+  stepping go back (lib/permits.lua), and the counters of sites idle for
   FORGET_AFTER_MS are deleted, so the per-site hashes do not grow for ever.
 
   Keys: inflight, delayed, dead, deliveries, limits, rates, lat_sum, lat_n, recent, buckets,
-        throttled, and those of lib/leases.lua, and the site queues.
+        throttled, holders, capped, active, and those of lib/leases.lua, lib/permits.lua
+        and the site queues. Needs site_limits (step/lease.lua, included before this).
   ARGV section: none.
   Options used: max_deliveries, limits (rate, adaptive, target_concurrency, min_rate,
                 start_rate)
@@ -82,7 +84,6 @@ local function reap(members, now, max_deliveries)
             again[#again + 1] = m
         end
     end
-    release_active(members)
     if #poisoned > 0 then chunked('LPUSH', K.dead, poisoned) end
     return put_back(again), poisoned
 end
@@ -130,8 +131,25 @@ local function forget_idle(now, limits)
     end
 end
 
+local HOLDER_BATCH = 100 -- nodes past their deadline whose permits go back per step
+local CAPPED_CHECK = 50  -- capped sites looked at per step
+
+-- Permits of nodes that stopped stepping (died) go back; a capped site whose cap was
+-- raised, or whose permits went with a node, goes back to the ready index.
+local function reclaim_permits(now, limits)
+    local gone = redis.call('ZRANGEBYSCORE', K.holders, '-inf', now, 'LIMIT', 0, HOLDER_BATCH)
+    for _, node in ipairs(gone) do give_back_all(node) end
+    local capped = redis.call('SRANDMEMBER', K.capped, CAPPED_CHECK)
+    for _, site in ipairs(capped) do
+        local _, conc = site_limits(site, limits)
+        if conc <= 0 or tonumber(redis.call('HGET', K.active, site) or 0) < conc then uncap(site) end
+    end
+    return #gone
+end
+
 local function maintain(now, limits, max_deliveries)
     local reaped, promoted, poisoned = 0, 0, {}
+    reclaim_permits(now, limits)
     local expired = redis.call('ZRANGEBYSCORE', K.inflight, '-inf', now, 'LIMIT', 0, REAP_BATCH)
     if #expired > 0 then
         chunked('ZREM', K.inflight, expired)

@@ -5,7 +5,7 @@
   next, so its retry or dead letter from here is dropped (it would fork the
   request into two live copies) and counted as stale.
 
-  Keys: inflight, delayed, dead, active, deliveries.
+  Keys: inflight, delayed, dead, deliveries.
   ARGV sections, one after the other:
     acks     ACK_WIDTH values each:    member
     retries  RETRY_WIDTH values each:  member, delay_ms, site, payload
@@ -58,7 +58,6 @@ local function settle(at, n_ack, n_retry, n_dead, now)
     if #records > 0 then chunked('LPUSH', K.dead, records) end
     if #leaving > 0 then
         chunked('ZREM', K.inflight, leaving)
-        release_active(leaving)
         if redis.call('EXISTS', K.deliveries) == 1 then
             -- entries that were reaped before, and have now come to an end
             local ids = {}
