@@ -127,6 +127,16 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
+    def wait_ready(self, nodes: int | None = None, timeout: float = 60.0) -> None:
+        """Until *nodes* (all started) step in Redis: a seed pushed then reaches each of them."""
+        want = len(self.procs) if nodes is None else nodes
+        with redis.Redis.from_url(self.redis_url) as client:
+            deadline = time.monotonic() + timeout
+            while int(client.zcard(self.keys.holders)) < want:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{want} nodes not stepping after {timeout}s")
+                time.sleep(0.05)
+
     def log(self, index: int) -> str:
         return (self.log_dir / f"node{index}.log").read_text(errors="replace")
 

@@ -615,6 +615,9 @@ class Snapshot:
     delayed: dict[bytes, float]
     start_urls: list[bytes]
     active: dict[bytes, int]
+    #: node -> site -> download permits it holds (lua/lib/permits.lua)
+    permits: dict[str, dict[bytes, int]]
+    capped: set[bytes]
     deliveries: dict[bytes, int]
     queued: int
     dead: int
@@ -637,10 +640,13 @@ class Snapshot:
             pipe.llen(keys.dead)
             pipe.smembers(keys.dupefilter)
             pipe.smembers(keys.allowed)
+            pipe.smembers(keys.capped)
+            for node in NODES:
+                pipe.hgetall(keys.permits_of(node))
             replies = pipe.execute()
         queues = {key[len(prefix) :]: replies.pop(0) for key in site_keys}
         index, throttled, inflight, delayed, start_urls, active, deliveries, *rest = replies
-        queued, dead, dupefilter, allowed = rest
+        queued, dead, dupefilter, allowed, capped, *held = rest
         return cls(
             queues=queues,
             index=dict(index),
@@ -649,6 +655,10 @@ class Snapshot:
             delayed=dict(delayed),
             start_urls=start_urls,
             active={k: int(v) for k, v in active.items()},
+            permits={
+                n: {k: int(v) for k, v in h.items()} for n, h in zip(NODES, held, strict=True)
+            },
+            capped=capped,
             deliveries={k: int(v) for k, v in deliveries.items()},
             queued=int(queued or 0),
             dead=dead,
@@ -938,21 +948,24 @@ class FrontierMachine(RuleBasedStateMachine):
             assert score == now.queues[site][0][1], "a ready site is scored by its best request"
             assert site not in now.throttled
         for site, entries in now.queues.items():
-            assert not entries or site in now.index or site in now.throttled, f"{site!r} stranded"
-        in_flight: Counter[bytes] = Counter()
+            stranded = site not in now.index and site not in now.throttled
+            assert not entries or not stranded or site in now.capped, f"{site!r} stranded"
         for member in now.inflight:
             node, kind, site, payload = _split(member)
             assert node in NODES
             assert kind in "RS"
             if kind == "R":
                 assert self.sent.get(payload) == site, "a lease names the site it was sent under"
-                in_flight[site] += 1
             else:
                 assert payload in self.pushed
         for member in now.delayed:
             site, _, payload = member.partition(b"\n")
             assert self.sent.get(payload) == site
-        assert {s: n for s, n in now.active.items() if n} == dict(in_flight), "active == leases"
+        held: Counter[bytes] = Counter()
+        for permits in now.permits.values():
+            assert all(n > 0 for n in permits.values()), "a node holds no permit of 0 or fewer"
+            held.update(permits)
+        assert {s: n for s, n in now.active.items() if n} == dict(held), "active == permits held"
         assert max(now.requests().values(), default=1) == 1, "a request is in one place"
         assert max(now.seeds().values(), default=1) == 1, "a seed is in one place"
         # lua/step/maintain.lua counts deliveries by sha1 of a member without its node

@@ -44,7 +44,8 @@ def test_a_stock_spider_crawls_a_new_site_with_two_nodes_once_and_stores_every_i
     tmp_path: Any,
     spider: str,
 ) -> None:
-    shop = make_shop(products=20, books=BOOKS)
+    # 200 ms a page: the crawl outlasts the second node's start, so both take part
+    shop = make_shop(products=20, books=BOOKS, latency_ms=200)
     seed_key, args = _SPIDERS[spider]
     site = shop.url("/").rstrip("/")
     fleet.cwd = PROJECT
@@ -103,7 +104,9 @@ def test_errbacks_see_only_final_failures_and_every_item_type_is_stored(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any
 ) -> None:
     """A plain Spider: follow_all, cb_kwargs, an errback, a dataclass, attrs and scrapy.Item."""
-    shop = make_shop(products=80, flaky_share=0.15, flaky_failures=2, broken_share=0.1)
+    shop = make_shop(
+        products=80, flaky_share=0.15, flaky_failures=2, broken_share=0.1, latency_ms=200
+    )
     expected = shop.stats()["expected"]
     fleet.cwd = PROJECT
     fleet.spider = "shop_pages"

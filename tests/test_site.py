@@ -309,6 +309,24 @@ def test_latency_retry_after_burst_and_robots() -> None:
         assert _fetch(server.url(f"/product/{plain}"))[0] == 429
 
 
+def test_timeline_times_every_counted_request_and_reset_clears_it() -> None:
+    paths = ["/robots.txt", "/", "/category/nowhere?page=1", "/product/1", "/product/1"]
+    with ShopServer(10, latency_ms=50) as server:
+        for path in paths:
+            server.fetch(path)
+        server.stats()  # control endpoints are not counted
+        timeline = server.timeline()
+        assert [path for _, _, path in timeline] == paths
+        for arrival, finish, _ in timeline:
+            assert finish is not None
+            assert finish >= arrival + 0.05
+        arrivals = [arrival for arrival, _, _ in timeline]
+        assert arrivals == sorted(arrivals)
+
+        server.reset()
+        assert server.timeline() == []
+
+
 def test_shop_server_reports_startup_failure() -> None:
     with pytest.raises(RuntimeError, match="did not start"), ShopServer(products=10, js_share=2):
         pass

@@ -68,8 +68,11 @@ def unreachable(settings: BaseSettings, config: FrontierConfig) -> list[str]:
     cap = config.limits.concurrency
     lines = []
     node = settings.getint("CONCURRENT_REQUESTS")
-    for name in ("CONCURRENT_REQUESTS_PER_DOMAIN", "CONCURRENT_REQUESTS_PER_IP"):
-        value = settings.getint(name)
+    per_site = {
+        "CONCURRENT_REQUESTS_PER_DOMAIN": settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+        "CONCURRENT_REQUESTS_PER_IP": settings.getint("CONCURRENT_REQUESTS_PER_IP"),
+    }
+    for name, value in per_site.items():
         if value <= 0 or value >= min(node, cap or node):
             continue
         if cap:

@@ -3,10 +3,12 @@
     python -m tests.benchmarks.frontier [--products 3000] [--runs 3]
 
 Same catalogue, same run, item pipelines off (this measures the frontier).
-Prints pages/s, CPU ms per page, Redis commands and round trips per page,
-with ratios against the in-memory scheduler (CPU) and stock scrapy-redis
-(Redis figures), medians of ``--runs`` runs. Then bytes per seen URL and
-per queued request for stock and fleetcrawl.
+Prints pages/s, CPU ms per page, Redis commands per page (those the Lua
+scripts run counted one by one, as ``INFO commandstats`` does since Redis 7),
+Redis server CPU per page (``INFO cpu``, user + system, over the crawl) and
+round trips per page, with ratios against the in-memory scheduler (CPU) and
+stock scrapy-redis (Redis figures), medians of ``--runs`` runs. Then bytes per
+seen URL and per queued request for stock and fleetcrawl.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ from tests.site.server import ShopServer
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def _commands(client: redis.Redis) -> int:
     stats = client.info("commandstats")
     return sum(int(v["calls"]) for k, v in stats.items() if "info" not in k)
@@ -51,6 +58,7 @@ def run_variant(
     client = redis.Redis.from_url(redis_url)
     client.flushall()
     client.config_resetstat()
+    cpu_before = _redis_cpu(client)
     shop.reset()
     env = dict(
         os.environ,
@@ -78,6 +86,7 @@ def run_variant(
     pages = sum(r["pages"] for r in results)
     seconds = max(r["seconds"] for r in results)
     cpu = sum(r["cpu"] for r in results)
+    redis_cpu = _redis_cpu(client) - cpu_before
     commands = _commands(client) if variant != "memory" else 0
     stats = client.info("commandstats")
     evalsha = int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
@@ -90,6 +99,7 @@ def run_variant(
         "cpu_ms_per_page": 1000 * cpu / pages,
         "commands_per_page": commands / pages if variant != "memory" else 0.0,
         "round_trips_per_page": round_trips / pages if variant != "memory" else 0.0,
+        "redis_us_per_page": 1e6 * redis_cpu / pages if variant != "memory" else 0.0,
         "max_rss_mib": statistics.median(r["max_rss_kib"] for r in results) / 1024,
     }
 
@@ -171,7 +181,7 @@ def _run_all(args: argparse.Namespace, redis_url: str) -> None:
     header = (
         f"{'latency':>7} {'variant':>8} {'nodes':>5} {'pages':>6} {'pages/s':>8} "
         f"{'cpu ms/page':>11} {'x memory':>8} {'cmds/page':>9} {'x stock':>7} "
-        f"{'trips/page':>10}"
+        f"{'trips/page':>10} {'redis us/page':>13} {'x stock':>7}"
     )
     print(header)
     for latency in (int(x) for x in args.latencies.split(",")):
@@ -192,12 +202,14 @@ def _run_all(args: argparse.Namespace, redis_url: str) -> None:
             base_cpu = rows[("memory", 1)]["cpu_ms_per_page"]
             for (variant, nodes), row in rows.items():
                 stock = rows.get(("stock", nodes), {}).get("commands_per_page") or 0
+                stock_cpu = rows.get(("stock", nodes), {}).get("redis_us_per_page") or 0
                 print(
                     f"{latency:>5}ms {variant:>8} {nodes:>5} {row['pages']:>6.0f} "
                     f"{row['pages_per_s']:>8.1f} {row['cpu_ms_per_page']:>11.2f} "
                     f"{row['cpu_ms_per_page'] / base_cpu:>8.2f} {row['commands_per_page']:>9.2f} "
                     f"{(row['commands_per_page'] / stock) if stock else 0:>7.2f} "
-                    f"{row['round_trips_per_page']:>10.2f}"
+                    f"{row['round_trips_per_page']:>10.2f} {row['redis_us_per_page']:>13.1f} "
+                    f"{(row['redis_us_per_page'] / stock_cpu) if stock_cpu else 0:>7.2f}"
                 )
     with ShopServer(10) as shop:
         sizes = storage_bytes(redis_url, shop.url("").rstrip("/"))

@@ -33,6 +33,8 @@ class ShopConfig:
     retry_after: int = 1
     robots_crawl_delay: float | None = None
     robots_disallow: tuple[str, ...] = field(default=())
+    #: Pages (path and query, as linked) answered after ``slow_ms`` more, whatever they are.
+    slow_paths: tuple[str, ...] = field(default=())
     #: Listing pages also link other schemes, local ports, invalid URLs and the hostile pages.
     hostile: bool = False
     #: Local ports the hostile links point at (the crawl's Redis, a canary, a closed port).
@@ -49,6 +51,7 @@ class ShopConfig:
         """JSON-ready copy, as shown in ``/_stats``."""
         data = asdict(self)
         data["robots_disallow"] = list(self.robots_disallow)
+        data["slow_paths"] = list(self.slow_paths)
         data["hostile_ports"] = list(self.hostile_ports)
         return data
 
@@ -112,7 +115,14 @@ def _build_parser() -> argparse.ArgumentParser:
     add(
         "--slow-share", type=_share, default=0.0, help="share of products answered with extra delay"
     )
-    add("--slow-ms", type=_duration, default=1000.0, help="extra delay of slow products")
+    add("--slow-ms", type=_duration, default=1000.0, help="extra delay of slow pages")
+    add(
+        "--slow-paths",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a page (path?query) answered after --slow-ms more (repeatable)",
+    )
     add("--retry-after-burst", type=_count, default=0, help="first N product requests answer 429")
     add("--retry-after", type=_count, default=1, help="Retry-After seconds of those 429s")
     add("--robots-crawl-delay", type=_duration, default=None, help="Crawl-delay in robots.txt")
@@ -167,5 +177,6 @@ def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
         )
     options = vars(args)
     options["robots_disallow"] = tuple(options["robots_disallow"])
+    options["slow_paths"] = tuple(options["slow_paths"])
     options["hostile_ports"] = tuple(options["hostile_ports"])
     return ShopConfig(**options)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from tests.site.books import Library
     from tests.site.catalogue import Catalogue
     from tests.site.config import ShopConfig
+    from tests.site.stats import Timed
 
 __all__ = ["Fetched", "ShopResource", "ShopServer", "run"]
 
@@ -101,13 +102,18 @@ class ShopResource(Resource):
         if path == "/_reset":
             self._stats.reset()
             return self._json(request, {"reset": True})
+        if path == "/_timeline":
+            return self._json(request, self._stats.timeline_dict())
         if path == "/_catalogue":
             request.setHeader(b"content-type", JSON)
             return self._catalogue_json
 
         match = _PRODUCT_PATH.fullmatch(path)
         product_id = int(match.group(1)) if match else None
-        self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
+        timed = self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
+        # Fires once the response is written to its end (at once without latency, in _finish
+        # after it, when a hostile page ends) or when the client went away first (_cancel).
+        request.notifyFinish().addBoth(_ended, timed)
         hostile = self._hostile_name(path)
         if hostile is not None:
             return self._hostile(request, hostile)
@@ -238,6 +244,8 @@ class ShopResource(Resource):
         for name, value in reply.headers.items():
             request.setHeader(name, value)
         delay = self._config.latency_ms / 1000.0 + reply.extra_delay
+        if request.uri.decode("utf-8", "replace") in self._config.slow_paths:
+            delay += self._config.slow_ms / 1000.0
         if delay <= 0:
             return reply.body
         request.setHeader(b"content-length", b"%d" % len(reply.body))
@@ -255,6 +263,11 @@ class ShopResource(Resource):
 def _finish(request: Request, body: bytes) -> None:
     request.write(body)
     request.finish()
+
+
+def _ended(result: Failure | None, timed: Timed) -> None:
+    # Returns None: a client that went away is an end like any other, not an error to log.
+    timed.end()
 
 
 def _cancel(failure: Failure, call: DelayedCall) -> None:
@@ -403,6 +416,11 @@ class ShopServer:
     def stats(self) -> dict[str, Any]:
         """Current ``/_stats``."""
         return self._get_json("/_stats")
+
+    def timeline(self) -> list[list[Any]]:
+        """``[arrival, finish or None, path]`` of every counted request since start or reset."""
+        requests: list[list[Any]] = self._get_json("/_timeline")["requests"]
+        return requests
 
     def catalogue(self) -> dict[str, Any]:
         """Ground truth from ``/_catalogue``."""

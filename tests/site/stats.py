@@ -1,11 +1,34 @@
-"""Request counters of the test shop, served as ``/_stats`` and cleared by ``/_reset``."""
+"""Request counters of the test shop, served as ``/_stats`` (and its request timeline as
+``/_timeline``) and cleared by ``/_reset``."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 
-__all__ = ["ShopStats"]
+__all__ = ["ShopStats", "Timed"]
+
+
+@dataclass
+class Timed:
+    """One counted request: when it arrived and when it ended (wall clock, ``time.time()``).
+
+    ``finish`` is when the response was written to its end or the client went away, ``None``
+    while the request is open.
+    """
+
+    path: str
+    arrival: float
+    finish: float | None = None
+
+    def end(self) -> None:
+        """The request is over: answered, or dropped by its client."""
+        self.finish = time.time()
+
+    def as_list(self) -> list[float | str | None]:
+        """``[arrival, finish, path]``, as ``/_timeline`` serves it."""
+        return [self.arrival, self.finish, self.path]
 
 
 class ShopStats:
@@ -31,6 +54,8 @@ class ShopStats:
     article_hits: Counter[str]
     #: Valid API requests: ``categories``, and ``<slug>/<page>`` for each page of products.
     api_hits: Counter[str]
+    #: Every counted request in arrival order, with its duration.
+    timeline: list[Timed]
 
     def __init__(self) -> None:
         self.reset()
@@ -50,15 +75,19 @@ class ShopStats:
         self.book_hits = Counter()
         self.article_hits = Counter()
         self.api_hits = Counter()
+        self.timeline = []
 
-    def record_request(self, path_with_query: str, product_id: int | None) -> None:
-        """Count one request as it arrives."""
+    def record_request(self, path_with_query: str, product_id: int | None) -> Timed:
+        """Count one request as it arrives; the caller ends the returned entry."""
+        timed = Timed(path_with_query, time.time())
+        self.timeline.append(timed)
         self.total += 1
         self.hits[path_with_query] += 1
         self.per_second[int(time.time())] += 1
         if product_id is not None:
             self.product_hits[product_id] += 1
             self.product_requests += 1
+        return timed
 
     def record_status(self, status: int) -> None:
         """Count the status a request is answered with."""
@@ -79,3 +108,7 @@ class ShopStats:
             "article_hits": dict(self.article_hits),
             "api_hits": dict(self.api_hits),
         }
+
+    def timeline_dict(self) -> dict[str, object]:
+        """``{"requests": [[arrival, finish_or_null, path], ...]}``, in arrival order."""
+        return {"requests": [timed.as_list() for timed in self.timeline]}

@@ -1,0 +1,100 @@
+"""One politeness knob: FLEET_SITE_CONCURRENCY counts downloads, and nothing per node
+silently keeps a site below it (issue 14)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from scrapy.settings import Settings
+
+from project.addon import FleetAddon
+from project.frontier.config import FrontierConfig
+from project.frontier.politeness import derive, unreachable
+
+if TYPE_CHECKING:
+    from tests.fleet import Fleet
+
+
+def _settings(**values: object) -> Settings:
+    settings = Settings()
+    settings.setdict(values, priority="project")
+    return settings
+
+
+def _open_at_once(timeline: list[list]) -> int:
+    """Most requests the shop had open at one instant."""
+    events = []
+    for arrival, finish, _ in timeline:
+        events += [(arrival, 1), (finish if finish is not None else arrival, -1)]
+    most = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_the_add_on_derives_node_limits_from_the_fleet_cap() -> None:
+    settings = _settings(FLEET_SITE_CONCURRENCY=64)
+    FleetAddon().update_settings(settings)
+    assert settings.getint("CONCURRENT_REQUESTS") == 64
+    assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 64
+    # Scrapy's 16 at least, and the largest per-site cap counts
+    settings = _settings(
+        FLEET_SITE_CONCURRENCY=4, FLEET_SITE_LIMITS={"big.example": {"concurrency": 40}}
+    )
+    derive(settings, "addon")
+    assert settings.getint("CONCURRENT_REQUESTS") == 40
+    settings = _settings(FLEET_SITE_CONCURRENCY=0)
+    derive(settings, "addon")
+    assert settings.getint("CONCURRENT_REQUESTS") == 16
+    assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 16
+
+
+def test_a_projects_own_limits_win_and_are_warned_about_with_numbers() -> None:
+    settings = _settings(
+        CONCURRENT_REQUESTS=24, CONCURRENT_REQUESTS_PER_DOMAIN=1, DOWNLOAD_DELAY=1.0
+    )
+    FleetAddon().update_settings(settings)
+    assert settings.getint("CONCURRENT_REQUESTS") == 24
+    assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 1
+    lines = unreachable(settings, FrontierConfig.from_settings(settings))
+    assert len(lines) == 2
+    assert "CONCURRENT_REQUESTS_PER_DOMAIN=1" in lines[0]
+    assert "32 such nodes reach FLEET_SITE_CONCURRENCY=32" in lines[0]
+    assert "DOWNLOAD_DELAY=1" in lines[1]
+    assert "FLEET_SITE_RATE" in lines[1]
+    # the derived values say nothing
+    settings = _settings()
+    FleetAddon().update_settings(settings)
+    assert unreachable(settings, FrontierConfig.from_settings(settings)) == []
+
+
+@pytest.mark.slow
+def test_two_nodes_keep_a_slow_site_at_its_cap_and_never_above(
+    fleet: Fleet, make_shop, mongo
+) -> None:
+    """Permits, not leases, count: the shop sees exactly the cap at once, never more."""
+    shop = make_shop(products=200, latency_ms=150)
+    for _ in range(2):
+        fleet.start_node(FLEET_SITE_CONCURRENCY=6)
+    fleet.seed(shop.url("/"))
+    assert fleet.wait(180) == [0, 0]
+    assert mongo.products.count_documents({}) == 200
+    assert _open_at_once(shop.timeline()) == 6
+    for index in (0, 1):
+        stats = fleet.stats(index)
+        assert stats["frontier/permits/granted"] > 0, f"node{index} never downloaded"
+        assert stats.get("frontier/politeness/node_limits", 0) == 0
+
+
+@pytest.mark.slow
+def test_a_node_limited_per_site_says_so_at_start(fleet: Fleet, make_shop) -> None:
+    shop = make_shop(products=5)
+    fleet.start_node(CONCURRENT_REQUESTS_PER_DOMAIN=2)
+    fleet.seed(shop.url("/product/1"))
+    assert fleet.wait(120) == [0]
+    log = fleet.log(0)
+    assert "Site cap unreachable: CONCURRENT_REQUESTS_PER_DOMAIN=2 lets this node" in log
+    assert "16 such nodes reach FLEET_SITE_CONCURRENCY=32" in log
+    assert fleet.stat(0, "frontier/politeness/node_limits") == 1
