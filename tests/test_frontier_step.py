@@ -145,7 +145,7 @@ def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
         assert redis_client.sismember(keys.capped, "s")
         assert redis_client.zscore(keys.queue, "s") is None
         # a permit b asks for ahead is refused too: the cap is the fleet's
-        assert (await b.step(StepBatch(want=10, ahead=[("s", 0, 2, 0)]))).permits == []
+        assert (await b.step(StepBatch(want=10, ahead=[("s", 0, 2, 0, 0)]))).permits == []
         # node a gives one permit back: the site is ready again, for b
         await a.step(StepBatch(give_back=[("s", 1)]))
         assert not redis_client.sismember(keys.capped, "s")
@@ -153,13 +153,21 @@ def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
         assert len(again.leased) == 1
         assert again.permits == [("s", 1)]
         # a may hold more requests than permits (ahead), within its own leases
-        ahead = await a.step(StepBatch(want=2, slots=0, ahead=[("s", 2, 0, 2)]))
+        ahead = await a.step(StepBatch(want=2, slots=0, ahead=[("s", 2, 0, 2, 0)]))
         assert len(ahead.leased) == 2
         assert ahead.permits == []
+        # spare permits (no request to start) take requests first; the rest go back
+        spare = await a.step(StepBatch(want=5, slots=0, ahead=[("s", 5, 0, 2, 2)]))
+        assert len(spare.leased) == 4  # all that was left
+        assert spare.spare_back == []
+        empty = await a.step(StepBatch(want=5, slots=0, ahead=[("s", 5, 0, 2, 2)]))
+        assert empty.leased == []
+        assert empty.spare_back == [("s", 2)]
+        assert empty.shares == {"s": 2}
 
     run(redis_url, keys, scenario, limits=SiteLimits(concurrency=3))
-    assert redis_client.hget(keys.active, "s") == b"3"
-    assert redis_client.hgetall(keys.permits_of("node-a")) == {b"s": b"2"}
+    assert redis_client.hget(keys.active, "s") == b"1"
+    assert redis_client.hgetall(keys.permits_of("node-a")) == {}
     assert redis_client.hgetall(keys.permits_of("node-b")) == {b"s": b"1"}
 
 

@@ -57,6 +57,8 @@ _BACKOFF_MAX = 10.0
 #: Seconds between the round trips of a node with nothing to do while the fleet still
 #: works: it sees the crawl's end, or new work, this soon.
 _END_POLL = 0.25
+#: Ticks a busy node may skip a round trip for, when it has nothing urgent to send or ask.
+_MAX_SKIPPED_TICKS = 3
 
 
 def process_age() -> float | None:
@@ -147,6 +149,8 @@ class FrontierLoop:
         self._dupe_logged = False  # Scrapy logs the first duplicate, or all with DUPEFILTER_DEBUG
         self._seen_work = False  # this node saw the fleet's crawl with work left, or did some
         self._started_at = time.monotonic()
+        self._last_step = 0.0
+        self._walk_open = True  # the last round trip's walk used every slot it asked for
         self._closing = False
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -296,8 +300,12 @@ class FrontierLoop:
         self._started_at = time.monotonic()
         while not self._closing:
             started = time.monotonic()
+            self._reconcile()
+            if delay <= tick and not self._step_needed(started):
+                # Enough leased for another tick and nothing urgent: one round trip fewer.
+                await asyncio.sleep(tick)
+                continue
             try:
-                self._reconcile()
                 busy = await self._step()
                 self.dead_sink.kick()
             except RedisError as exc:
@@ -324,6 +332,35 @@ class FrontierLoop:
                     await asyncio.wait_for(self._wakeup.wait(), delay)
                 if self._wakeup.is_set() and self._has_work():
                     delay = tick
+
+    def _step_needed(self, now: float) -> bool:
+        """Whether a busy node should step now rather than skip a tick.
+
+        It skips while every site it works on has requests leased ahead for at least as many
+        downloads as ended since its last round trip, no permit is spare, nothing it found
+        waits in numbers, and its heartbeat and maintenance are not due; at most
+        _MAX_SKIPPED_TICKS in a row. A node with nothing of its own left always steps.
+        """
+        config = self.config
+        if (
+            self._closing
+            or self._start is not None
+            or not self.held
+            or now - self._last_step >= _MAX_SKIPPED_TICKS * config.tick_seconds
+            or now - self._last_heartbeat >= config.heartbeat_seconds
+            or now - self._last_maintenance >= config.maintenance_seconds
+            or len(self._enqueue) >= config.batch_max // 4
+            or (self._seeds_maybe and self._seed_want())
+            or (self._walk_open and self._slots())
+        ):
+            return True
+        for site, permits in self._permits.items():
+            ready, busy = self._ready[site], self._busy[site]
+            if permits - busy > ready:
+                return True  # a spare permit: lease a request for it
+            if ready - (permits - busy) < max(1, self._ended[site]):
+                return True  # what is leased ahead would not last another tick
+        return any(n > 0 and not self._permits[s] for s, n in self._ready.items())
 
     def _has_work(self) -> bool:
         return bool(self._enqueue or self._dispatched or self._slots())
@@ -385,30 +422,31 @@ class FrontierLoop:
     def _plan(self, batch: StepBatch) -> None:
         """What to lease, per site and in all, and which permits to give back.
 
-        A permit without a request to start goes back, as does one above this node's share of
-        the site's cap once free; requests waiting for a permit ask for one; and each site
-        with permits keeps a few requests more than it can start
-        (FRONTIER_PREFETCH, or twice the downloads that ended since the last round trip),
-        so a download that ends starts the next at once. FRONTIER_PREFETCH = 0 leases only
-        what starts at once, for strict priority order.
+        A free permit above this node's share of the site's cap goes back; a spare one (free,
+        no request to start) asks for a request of its site, and goes back in the same round
+        trip if the site has none; requests waiting for a permit ask for one; and each site
+        with permits keeps a few requests more than it can start (FRONTIER_PREFETCH, or three
+        times the downloads that ended since the last round trip), so a download that ends starts the
+        next at once. FRONTIER_PREFETCH = 0 leases only what starts at once, for strict
+        priority order.
         """
         config = self.config
         held = 0
         more = 0
         for site in {*self._permits, *(s for s, n in self._ready.items() if n > 0)}:
             permits, busy, ready = self._permits[site], self._busy[site], self._ready[site]
-            free = permits - busy
-            back = free - min(ready, max(0, self._usable(site) - busy))
-            if back > 0:
-                batch.give_back.append((site, back))
-                permits -= back
+            over = permits - max(busy, self._usable(site))  # free, above this node's share
+            if over > 0:
+                batch.give_back.append((site, over))
+                permits -= over
             held += permits
+            spare = max(0, permits - busy - ready)
             waiting = max(0, ready - (permits - busy))
             target = 0
             if config.prefetch and permits > 0:
-                target = min(permits, max(config.prefetch, 2 * self._ended[site]))
-            extra = max(0, target - waiting)
-            batch.ahead.append((site, extra, waiting, permits))
+                target = min(permits, max(config.prefetch, 3 * self._ended[site]))
+            extra = spare + max(0, target - waiting)
+            batch.ahead.append((site, extra, waiting, permits, spare))
             more += extra
         batch.slots = max(0, config.concurrency - held)
         batch.want = min(config.batch_max, batch.slots + more)
@@ -513,6 +551,7 @@ class FrontierLoop:
         elif self._start == "run" and now - self._last_heartbeat >= self.config.heartbeat_seconds:
             batch.start = "run"
         result = await self.queue.step(batch)
+        self._last_step = now
         self.stats.inc_value("frontier/round_trips")
         if batch.latency:
             self._latency = {}
@@ -550,10 +589,12 @@ class FrontierLoop:
                     result.reaped,
                     extra={"spider": self.spider},
                 )
-        for site, n in batch.give_back:
+        for site, n in [*batch.give_back, *result.spare_back]:
             self._permits[site] -= n
             if self._permits[site] <= 0:
                 del self._permits[site]
+        granted = sum(n for _, n in result.permits)
+        self._walk_open = bool(batch.enqueue) or granted >= (batch.slots or 0) > 0
         self._shares.update(result.shares)
         for site, n in result.permits:
             self._permits[site] += n
@@ -563,7 +604,10 @@ class FrontierLoop:
             del self._ready[site]
             self._busy.pop(site, None)
             self._shares.pop(site, None)
-        self._count("frontier/permits/returned", sum(n for _, n in batch.give_back))
+        self._count(
+            "frontier/permits/returned",
+            sum(n for _, n in batch.give_back) + sum(n for _, n in result.spare_back),
+        )
         self._count("frontier/permits/granted", sum(n for _, n in result.permits))
         self._count("frontier/enqueued", result.added)
         self._count("frontier/duplicates", result.duplicates)

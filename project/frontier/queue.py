@@ -39,10 +39,11 @@ class StepBatch:
     latency: list[tuple[str, float, int]] = field(default_factory=list)
     #: (site, permits) this node gives back: it has no request of that site for them
     give_back: list[tuple[str, int]] = field(default_factory=list)
-    #: (site, requests, permits, held) for sites this node works on: requests to lease
-    #: ahead, without a permit, permits for requests it holds but may not start yet, and
-    #: the permits of the site it holds
-    ahead: list[tuple[str, int, int, int]] = field(default_factory=list)
+    #: (site, requests, permits, held, spare) for sites this node works on: requests to
+    #: lease ahead, permits for requests it holds but may not start yet, the permits of the
+    #: site it holds, and how many of those have no request to start (the requests taken
+    #: ahead use them first; the rest go back)
+    ahead: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     #: requests to lease in all, and how many of them with a new download permit (None:
     #: each of them)
     want: int = 0
@@ -95,6 +96,8 @@ class StepResult:
     permits: list[tuple[str, int]] = field(default_factory=list)
     #: This node's share of the cap of each site it named in ``ahead`` (0: no cap).
     shares: dict[str, int] = field(default_factory=dict)
+    #: Spare permits of the sites named in ``ahead`` that went back: (site, n).
+    spare_back: list[tuple[str, int]] = field(default_factory=list)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -231,8 +234,13 @@ class LeasedQueue(Base):  # type: ignore[misc]
             ],
             shares={
                 reply[15][j].decode("utf-8", "surrogateescape"): int(reply[15][j + 1])
-                for j in range(0, len(reply[15]), 2)
+                for j in range(0, len(reply[15]), 3)
             },
+            spare_back=[
+                (reply[15][j].decode("utf-8", "surrogateescape"), int(reply[15][j + 2]))
+                for j in range(0, len(reply[15]), 3)
+                if int(reply[15][j + 2])
+            ],
         )
 
     async def claim_start(self, *, new_crawl: bool) -> str:

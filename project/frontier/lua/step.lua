@@ -58,8 +58,9 @@
            1 if this node still holds the start claim it asked to extend or end, else 0,
            {batch position of a duplicate, ...} when list_dupes,
            'S' when the seeds came from a list, 'T' from a set (their in-flight members),
-           permits granted {site, n, ...}, this node's share of the cap of each site of
-           the ahead section {site, share, ...} (0: no cap)}
+           permits granted {site, n, ...}, for each site of the ahead section this node's
+           share of its cap (0: no cap) and its spare permits that went back
+           {site, share, back, ...}}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua

@@ -16,15 +16,16 @@
   Keys: queue, throttled, capped, inflight, limits, rates, buckets, active, holders, leases,
         recent, queued, and the site queues.
   ARGV section, AHEAD_WIDTH values per site this node holds permits of or requests for:
-    site, requests wanted, permits wanted, permits held
+    site, requests wanted, permits wanted, permits held, spare permits (held, with no
+    request to start: the first requests taken ahead use them, the rest go back)
   Options used: node, want (requests in all), slots (permits), limits (rate, concurrency,
                 burst_seconds, adaptive, start_rate)
   Returns: leased {site, payload, score, ...}, permits granted {site, n, ...}, whether the
-           throttled set changed, and this node's share of each site of the ahead section
-           {site, share, ...} (0: no cap)
+           throttled set changed, and for each site of the ahead section this node's share
+           of its cap and the spare permits that went back {site, share, back, ...}
 ]]
 local MAX_SITES_PER_LEASE = 32  -- sites looked at per step, so one step stays short
-local AHEAD_WIDTH = 4
+local AHEAD_WIDTH = 5
 
 -- rate (requests/s, 0 = none) and concurrency cap (0 = none) of a site
 local function site_limits(site, limits)
@@ -106,13 +107,11 @@ local function lease_ahead(at, count, out, limits)
         local site = ARGV[i]
         local n = math.min(tonumber(ARGV[i + 1]), out.want)
         local wanted = math.min(tonumber(ARGV[i + 2]), out.slots)
-        local held = tonumber(ARGV[i + 3])
-        out.held[site] = held
+        local held, spare = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
         local rate, conc = site_limits(site, limits)
         local share = 0
         if conc > 0 then share = share_of(conc, out) end
-        out.shares[#out.shares + 1] = site
-        out.shares[#out.shares + 1] = share
+        local got = 0
         -- a paused or rate-limited site waits in K.throttled: nothing ahead of its time
         if (n > 0 or wanted > 0) and not redis.call('ZSCORE', K.throttled, site) then
             if wanted > 0 then grant(site, wanted, conc, held, out) end
@@ -122,7 +121,7 @@ local function lease_ahead(at, count, out, limits)
                 n = math.min(n, math.floor(tokens))
             end
             if n > 0 then
-                local got = take(site, n, out.deadline, out.prefix, out)
+                got = take(site, n, out.deadline, out.prefix, out)
                 out.want = out.want - got
                 tokens = tokens - got
                 -- emptied: out of the index (an index score below the new head is harmless)
@@ -136,6 +135,13 @@ local function lease_ahead(at, count, out, limits)
                 end
             end
         end
+        -- spare permits the requests just taken do not use go back, for other nodes
+        local back = 0
+        if spare > got then back = give_back(out.node, site, spare - got) end
+        out.held[site] = held - back
+        out.shares[#out.shares + 1] = site
+        out.shares[#out.shares + 1] = share
+        out.shares[#out.shares + 1] = back
     end
 end
 
@@ -143,7 +149,8 @@ local function lease(at, n_ahead, opt, now, deadline, limits)
     local out = {leased = {}, permits = {}, recent = {}, taken = 0, want = opt.want,
                  slots = opt.slots or 0, now = now, deadline = deadline,
                  prefix = opt.node .. '\nR', holder = holder_key(opt.node),
-                 throttled_changed = false, held = {}, shares = {}, nodes = nil}
+                 throttled_changed = false, held = {}, shares = {}, nodes = nil,
+                 node = opt.node}
     -- this node steps: it counts in every site's share until its deadline
     redis.call('ZADD', K.holders, 'GT', deadline, opt.node)
     lease_ahead(at, n_ahead, out, limits)
