@@ -21,7 +21,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import extruct
 from lxml.etree import LxmlError
 from scrapy.http import HtmlResponse
 from scrapy.linkextractors import IGNORED_EXTENSIONS
@@ -81,6 +80,11 @@ class SchemaOrgProductsSpider(RedisSpider):  # type: ignore[misc]
 
     def parse_product(self, response: HtmlResponse) -> ProductItem | None:
         """The page's product, or ``None`` if it describes none (or several)."""
+        # Imported here, not at the top: Scrapy's spider loader imports every module of
+        # SPIDER_MODULES in every `scrapy crawl`, and extruct (with bs4, html5lib and rdflib)
+        # takes about 0.2 s to import, which a node crawling another spider should not wait for.
+        import extruct
+
         try:
             data = extruct.extract(
                 response.text, base_url=get_base_url(response), syntaxes=SYNTAXES, uniform=True
