@@ -65,7 +65,7 @@ class FrontierConfig:
     seed_max_bytes: int = setting("FRONTIER_SEED_MAX_BYTES", 65536)
     idle_grace: float = setting("FRONTIER_IDLE_GRACE", 5.0)
     keep_alive: bool = setting("FRONTIER_KEEP_ALIVE", False)
-    idle_poll_max: float = setting("FRONTIER_IDLE_POLL_MAX", 1.0)
+    idle_poll_max: float = setting("FRONTIER_IDLE_POLL_MAX", 0.5)
     maintenance_seconds: float = setting("FRONTIER_MAINTENANCE_SECONDS", 1.0)
     max_lease_seconds: float = setting("FRONTIER_MAX_LEASE_SECONDS", 600.0)
     max_deliveries: int = setting("FRONTIER_MAX_DELIVERIES", 3)

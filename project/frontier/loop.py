@@ -152,6 +152,7 @@ class FrontierLoop:
         self._last_step = 0.0
         self._walk_open = True  # the last round trip's walk used every slot it asked for
         self._closing = False
+        self._closed = asyncio.Event()  # set by stop(): sleeps of the I/O task end
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
@@ -269,6 +270,7 @@ class FrontierLoop:
     async def stop(self) -> None:
         """Stop the task, settle and flush what is left, give unstarted leases back."""
         self._closing = True
+        self._closed.set()
         self._wakeup.set()
         if self._task is not None:
             await self._task
@@ -303,7 +305,7 @@ class FrontierLoop:
             self._reconcile()
             if delay <= tick and not self._step_needed(started):
                 # Enough leased for another tick and nothing urgent: one round trip fewer.
-                await asyncio.sleep(tick)
+                await self._pause(tick)
                 continue
             try:
                 busy = await self._step()
@@ -325,13 +327,19 @@ class FrontierLoop:
                     # A throttled site gets tokens then: be there to lease them.
                     delay = min(delay, max(tick, self._next_wake - time.monotonic()))
             # At most one round trip per tick; sooner only when woken with work.
-            await asyncio.sleep(max(0.0, tick - (time.monotonic() - started)))
+            await self._pause(tick - (time.monotonic() - started))
             self._wakeup.clear()
-            if delay > tick:
+            if delay > tick and not self._closing:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)
                 if self._wakeup.is_set() and self._has_work():
                     delay = tick
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep up to *seconds*, or less when the node starts closing."""
+        if seconds > 0 and not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), seconds)
 
     def _step_needed(self, now: float) -> bool:
         """Whether a busy node should step now rather than skip a tick.
@@ -453,7 +461,8 @@ class FrontierLoop:
         self._ended.clear()
 
     def _seed_want(self) -> int:
-        if self._closing or not self._seeds_maybe:
+        # a node with nothing to do always looks: a seed pushed now is taken at once
+        if self._closing or not (self._seeds_maybe or not self.held):
             return 0
         return self.config.seed_batch
 
