@@ -297,8 +297,10 @@ def _poll(reader: StatusReader, until, timeout: float) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_status_matches_a_finished_two_node_crawl(fleet, make_shop, mongo, redis_client) -> None:
-    shop = make_shop(products=300)
+    # 200 ms a page: the crawl lasts several monitor intervals, and both nodes are up for it
+    shop = make_shop(products=300, latency_ms=200)
     _nodes(fleet, 2)
+    fleet.wait_ready()
     fleet.seed(shop.url("/"))
     assert fleet.wait(120) == [0, 0]
 

@@ -83,8 +83,8 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "SCHEDULER_IDLE_BEFORE_CLOSE": (
         _set,
         (
-            "the fleet closes when it is idle for FRONTIER_IDLE_GRACE seconds"
-            " (or MAX_IDLE_TIME_BEFORE_CLOSE)"
+            "the fleet closes the moment nothing is left; FRONTIER_IDLE_GRACE (or"
+            " MAX_IDLE_TIME_BEFORE_CLOSE) is how long a node waits for a crawl to begin"
         ),
     ),
     "REDIS_START_URLS_AS_ZSET": (

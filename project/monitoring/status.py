@@ -551,8 +551,10 @@ def fleet_status(
     drain, eta = drain_eta([(s["t"] / 1000, _pending(s)) for s in samples])
     pending = status["queued"] + status["delayed_retries"] + status["in_flight"]
     pending += status["seeds_waiting"]
-    if not samples:
-        eta = 0.0 if pending == 0 else None
+    if pending == 0:
+        eta = 0.0  # nothing left now, whatever the last samples said (the end is seen at once)
+    elif not samples:
+        eta = None
     done = max(0, status["seen"] - status["queued"] - status["delayed_retries"])
     done = max(0, done - status["in_flight"])
     status["progress"] = {
