@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from project.storage.placement import (
     default_collection,
 )
 from project.storage.values import MAX_DEPTH, DocumentError, item_document
+from tests.hostile_values import HostileDict, HostileInt, HostileMapping
 from tests.test_schema import VALID
 
 
@@ -467,30 +467,6 @@ def test_a_pydantic_set_hashes_the_same_in_every_process() -> None:
     assert hashes == {placed.hash}, "a re-crawl by another process finds it unchanged"
 
 
-class _BadInt(int):
-    def __int__(self) -> int:
-        raise RuntimeError("no int for you")
-
-
-class _BadMapping(Mapping[str, Any]):
-    def __getitem__(self, key: str) -> Any:
-        return 1
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(["a"])
-
-    def __len__(self) -> int:
-        return 1
-
-    def items(self) -> Any:
-        raise RuntimeError("no items for you")
-
-
-class _BadDict(dict):  # type: ignore[type-arg]
-    def items(self) -> Any:
-        raise RuntimeError("no items for you")
-
-
 class Node(BaseModel):
     url: str = "http://a.test/node"
     child: Node | None = None
@@ -502,13 +478,13 @@ def test_an_item_whose_own_code_raises_is_refused_by_name() -> None:
     with pytest.raises(DocumentError, match="Node cannot be serialised: ValueError: Circular"):
         placer().place(looped)
     with pytest.raises(DocumentError, match=r"^n: reading it raised RuntimeError: no int for you"):
-        placer().place({"url": "http://a.test/", "n": _BadInt(3)})
+        placer().place({"url": "http://a.test/", "n": HostileInt(3)})
     with pytest.raises(DocumentError, match=r"^m: reading it raised RuntimeError: no items"):
-        placer().place({"url": "http://a.test/", "m": _BadMapping()})
+        placer().place({"url": "http://a.test/", "m": HostileMapping()})
     with pytest.raises(DocumentError, match=r"^l\[1\]: reading it raised RuntimeError"):
-        placer().place({"url": "http://a.test/", "l": [1, _BadMapping()]})
+        placer().place({"url": "http://a.test/", "l": [1, HostileMapping()]})
     with pytest.raises(DocumentError, match=r"^d: reading it raised RuntimeError: no items"):
-        placer().place({"url": "http://a.test/", "d": _BadDict(a=1)})
+        placer().place({"url": "http://a.test/", "d": HostileDict(a=1)})
 
 
 def test_a_huge_value_is_placed_and_left_to_the_size_check() -> None:

@@ -13,7 +13,6 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from project.ops.services import free_port
 from project.schema import Product
 from project.storage.errors import ItemRejectedError
 from project.storage.journal import journal_backlog
+from tests.hostile_values import HostileDict, HostileInt, HostileMapping
 from tests.test_schema import VALID
 
 if TYPE_CHECKING:
@@ -431,30 +431,6 @@ def test_an_empty_field_name_is_stored_as_an_underscore_and_updated(
     assert (doc["_"], "" in doc) == (2, False)
 
 
-class _HostileInt(int):
-    def __int__(self) -> int:
-        raise RuntimeError("no int for you")
-
-
-class _HostileMapping(Mapping[str, Any]):
-    def __getitem__(self, key: str) -> Any:
-        return 1
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(["a"])
-
-    def __len__(self) -> int:
-        return 1
-
-    def items(self) -> Any:
-        raise RuntimeError("no items for you")
-
-
-class _HostileDict(dict):  # type: ignore[type-arg]
-    def items(self) -> Any:
-        raise RuntimeError("no items for you")
-
-
 class Chapter(BaseModel):
     url: str
     next: Chapter | None = None
@@ -467,10 +443,10 @@ def test_an_item_whose_own_code_raises_is_a_reject_not_a_crash(
     looped.next = looped
     hostile = [
         looped,
-        {"url": "http://shop.test/int", "n": _HostileInt(3)},
-        {"url": "http://shop.test/mapping", "m": _HostileMapping()},
-        {"url": "http://shop.test/dict", "d": _HostileDict(a=1)},
-        _HostileMapping(),  # not an item at all
+        {"url": "http://shop.test/int", "n": HostileInt(3)},
+        {"url": "http://shop.test/mapping", "m": HostileMapping()},
+        {"url": "http://shop.test/dict", "d": HostileDict(a=1)},
+        HostileMapping(),  # not an item at all
     ]
     outcomes, stats = crawl(services, mongo, tmp_path / "j", [*hostile, {"url": "http://a.test/"}])
     assert outcomes[5] == {"url": "http://a.test/"}
@@ -478,7 +454,7 @@ def test_an_item_whose_own_code_raises_is_a_reject_not_a_crash(
         assert isinstance(outcome, DropItem), outcome
     assert all(isinstance(o, ItemRejectedError) for o in outcomes[:4])
     rejects = {d["item_type"]: d for d in mongo.rejects.find()}
-    assert set(rejects) == {"Chapter", "dict", "_HostileMapping"}
+    assert set(rejects) == {"Chapter", "dict", "HostileMapping"}
     assert rejects["Chapter"]["reasons"]["document"][0].startswith(
         "Chapter cannot be serialised: ValueError: Circular reference"
     )
@@ -490,10 +466,10 @@ def test_an_item_whose_own_code_raises_is_a_reject_not_a_crash(
         "m: reading it raised RuntimeError: no items for you",
         "n: reading it raised RuntimeError: no int for you",
     ]
-    assert rejects["_HostileMapping"]["item"] == {"item": "<_HostileMapping>"}
+    assert rejects["HostileMapping"]["item"] == {"item": "<HostileMapping>"}
     shown = mongo.rejects.find_one({"_id": "unit|dict|http://shop.test/dict"})
     assert shown is not None
-    assert shown["item"] == {"url": "http://shop.test/dict", "d": "<_HostileDict>"}
+    assert shown["item"] == {"url": "http://shop.test/dict", "d": "<HostileDict>"}
     assert stats["mongo/unplaceable/not_an_item"] == 1
     assert [d["_id"] for d in mongo.catalog.find()] == ["http://a.test/"]
 

@@ -171,6 +171,21 @@ def test_store_journals_while_unreachable_and_replays_at_next_start(
     assert mongo.rejects.count_documents({}) == 1
 
 
+def _book_record(database: str, seen: float) -> dict[str, Any]:
+    """A journal record of one item of a collection of its own, as nodes write them."""
+    return {
+        "db": database,
+        "kind": "item",
+        "collection": "books",
+        "type": "BookItem",
+        "id": "isbn-1",
+        "doc": {"title": "Dune"},
+        "hash": "h",
+        "seen": seen,
+        "crawl_id": "c",
+    }
+
+
 def test_a_journal_left_by_an_older_node_replays_its_products_into_products(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
@@ -185,17 +200,7 @@ def test_a_journal_left_by_an_older_node_replays_its_products_into_products(
         "seen": seen,
         "crawl_id": "old-crawl",
     }
-    item = {
-        "db": mongo.name,
-        "kind": "item",
-        "collection": "books",
-        "type": "BookItem",
-        "id": "isbn-1",
-        "doc": {"title": "Dune"},
-        "hash": "h",
-        "seen": seen,
-        "crawl_id": "c",
-    }
+    item = _book_record(mongo.name, seen)
     malformed = [
         {**item, "collection": "system.books"},  # a collection MongoDB refuses
         {**item, "collection": None},  # an item record names its collection
@@ -297,17 +302,7 @@ def test_a_journal_record_seen_at_no_storable_time_is_dropped(
     seen: object,
 ) -> None:
     journal, product = tmp_path / "journal", make_product(1)
-    good = {
-        "db": mongo.name,
-        "kind": "item",
-        "collection": "books",
-        "type": "BookItem",
-        "id": "isbn-1",
-        "doc": {"title": "Dune"},
-        "hash": "h",
-        "seen": time.time(),
-        "crawl_id": "c",
-    }
+    good = _book_record(mongo.name, time.time())
     bad_product = {
         "db": mongo.name,
         "kind": "product",
