@@ -106,6 +106,8 @@ class FleetAddon:
             _setdefault(settings, name, value)
         for name, default in exported_defaults(RenderingConfig).items():
             _setdefault(settings, name, default)
+        # Node limits from the fleet's: FLEET_SITE_CONCURRENCY is the one knob of a site.
+        derive(settings, _PRIORITY)
         for setting, components in (
             ("DOWNLOADER_MIDDLEWARES", _DOWNLOADER_MIDDLEWARES),
             ("SPIDER_MIDDLEWARES", _SPIDER_MIDDLEWARES),
@@ -133,8 +135,6 @@ class FleetAddon:
         settings.set("RETRY_EXCEPTIONS", retried, priority=priority)
         try:
             _check(settings)
-            # Node limits from the fleet's: FLEET_SITE_CONCURRENCY is the one knob of a site.
-            derive(settings, _PRIORITY, FrontierConfig.from_settings(settings))
             use_system_chromium(settings)
         except (NotConfigured, RenderingConfigError, StorageConfigError) as exc:
             logger.critical("Cannot start: %s", exc)

@@ -43,10 +43,10 @@ def test_the_add_on_derives_node_limits_from_the_fleet_cap() -> None:
     settings = _settings(
         FLEET_SITE_CONCURRENCY=4, FLEET_SITE_LIMITS={"big.example": {"concurrency": 40}}
     )
-    derive(settings, "addon", FrontierConfig.from_settings(settings))
+    derive(settings, "addon")
     assert settings.getint("CONCURRENT_REQUESTS") == 40
     settings = _settings(FLEET_SITE_CONCURRENCY=0)
-    derive(settings, "addon", FrontierConfig.from_settings(settings))
+    derive(settings, "addon")
     assert settings.getint("CONCURRENT_REQUESTS") == 16
     assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 16
 

@@ -207,13 +207,6 @@ class FrontierLoop:
         self._ended[site] += 1
         self._unblock(site)
 
-    def _spare_waiting(self, site: str, permits: int) -> tuple[int, int]:
-        """Of *permits* of *site*: how many have no request to start (spare), and how many
-        leased requests of it wait for a permit."""
-        free = permits - self._busy[site]
-        ready = self._ready[site]
-        return max(0, free - ready), max(0, ready - free)
-
     def _usable(self, site: str) -> int:
         """Permits of *site* this node may download with: those above its share go back."""
         share = self._shares.get(site, 0)
@@ -370,10 +363,10 @@ class FrontierLoop:
         ):
             return True
         for site, permits in self._permits.items():
-            spare, waiting = self._spare_waiting(site, permits)
-            if spare:
+            ready, busy = self._ready[site], self._busy[site]
+            if permits - busy > ready:
                 return True  # a spare permit: lease a request for it
-            if waiting < max(1, self._ended[site]):
+            if ready - (permits - busy) < max(1, self._ended[site]):
                 return True  # what is leased ahead would not last another tick
         return any(n > 0 and not self._permits[s] for s, n in self._ready.items())
 
@@ -449,13 +442,14 @@ class FrontierLoop:
         held = 0
         more = 0
         for site in {*self._permits, *(s for s, n in self._ready.items() if n > 0)}:
-            permits = self._permits[site]
-            over = permits - max(self._busy[site], self._usable(site))  # free, above the share
+            permits, busy, ready = self._permits[site], self._busy[site], self._ready[site]
+            over = permits - max(busy, self._usable(site))  # free, above this node's share
             if over > 0:
                 batch.give_back.append((site, over))
                 permits -= over
             held += permits
-            spare, waiting = self._spare_waiting(site, permits)
+            spare = max(0, permits - busy - ready)
+            waiting = max(0, ready - (permits - busy))
             target = 0
             if config.prefetch and permits > 0:
                 target = min(permits, max(config.prefetch, 3 * self._ended[site]))

@@ -29,21 +29,25 @@ def _unset(settings: BaseSettings, name: str) -> bool:
     return (settings.getpriority(name) or 0) <= 0
 
 
-def fleet_cap(config: FrontierConfig) -> int:
-    """The largest fleet-wide concurrency of any one site, as the nodes write the caps to
-    Redis (:meth:`FrontierConfig.site_caps`); 0 when some site has none."""
-    caps = [int(cap.split()[1]) for cap in config.site_caps().values()]
+def fleet_cap(settings: BaseSettings) -> int:
+    """The largest fleet-wide concurrency of any one site (0: some site has none)."""
+    caps = [settings.getint("FLEET_SITE_CONCURRENCY", 32)]
+    for name in ("FLEET_SITE_LIMITS", "DOWNLOAD_SLOTS"):
+        specs = (settings.getdict(name) or {}).values()
+        caps += [
+            int(s["concurrency"] or 0) for s in specs if isinstance(s, dict) and "concurrency" in s
+        ]
     return 0 if any(cap <= 0 for cap in caps) else max(caps)
 
 
-def derive(settings: BaseSettings, priority: str, config: FrontierConfig) -> None:
+def derive(settings: BaseSettings, priority: str) -> None:
     """The node's limits from the fleet's, where the project did not set them itself.
 
     ``CONCURRENT_REQUESTS``: enough for one node to reach the largest site cap (at least
     Scrapy's 16, at most :data:`MAX_DERIVED_CONCURRENCY`); ``CONCURRENT_REQUESTS_PER_DOMAIN``:
     the node's ``CONCURRENT_REQUESTS``, so only the fleet's cap limits a site.
     """
-    cap = fleet_cap(config)
+    cap = fleet_cap(settings)
     if _unset(settings, "CONCURRENT_REQUESTS"):
         wanted = min(MAX_DERIVED_CONCURRENCY, max(_SCRAPY_CONCURRENCY, cap))
         settings.set("CONCURRENT_REQUESTS", wanted, priority=priority)

@@ -33,8 +33,7 @@ local function site_limits(site, limits)
     local limit = redis.call('HGET', K.limits, site)
     if limit then
         local r, c = string.match(limit, '^(%S+) (%S+)$')
-        -- an entry the scripts did not write keeps the defaults
-        rate, conc = tonumber(r) or rate, tonumber(c) or conc
+        rate, conc = tonumber(r), tonumber(c)
     end
     if limits.adaptive then
         local adaptive = tonumber(redis.call('HGET', K.rates, site) or limits.start_rate)
@@ -48,7 +47,6 @@ local function bucket_tokens(site, rate, now, limits)
     local state = redis.call('HGET', K.buckets, site)
     if not state then return 1 end
     local t, last = string.match(state, '^(%S+) (%S+)$')
-    if not t then return 1 end -- not a state the scripts write: a fresh bucket
     return math.min(math.max(1, rate * limits.burst_seconds),
                     tonumber(t) + (now - tonumber(last)) / 1000 * rate)
 end
@@ -87,15 +85,6 @@ local function share_of(conc, out)
     return math.ceil(conc / out.nodes)
 end
 
--- n permits of a site become this node's.
-local function add_permits(site, n, out)
-    redis.call('HINCRBY', K.active, site, n)
-    redis.call('HINCRBY', out.holder, site, n)
-    out.permits[#out.permits + 1] = site
-    out.permits[#out.permits + 1] = n
-    out.slots = out.slots - n
-end
-
 -- Up to n new permits of a site for this node, within the site's cap and this node's
 -- share of it (it holds `held`); returns how many.
 local function grant(site, n, conc, held, out)
@@ -104,7 +93,11 @@ local function grant(site, n, conc, held, out)
                      share_of(conc, out) - held)
     end
     if n <= 0 then return 0 end
-    add_permits(site, n, out)
+    redis.call('HINCRBY', K.active, site, n)
+    redis.call('HINCRBY', out.holder, site, n)
+    out.permits[#out.permits + 1] = site
+    out.permits[#out.permits + 1] = n
+    out.slots = out.slots - n
     return n
 end
 
@@ -182,7 +175,11 @@ local function lease(at, n_ahead, opt, now, deadline, limits)
         local n = 0
         if allowed > 0 then n = take(site, allowed, deadline, out.prefix, out) end
         if n > 0 then
-            add_permits(site, n, out)
+            redis.call('HINCRBY', K.active, site, n)
+            redis.call('HINCRBY', out.holder, site, n)
+            out.permits[#out.permits + 1] = site
+            out.permits[#out.permits + 1] = n
+            out.slots = out.slots - n
             out.want = out.want - n
             active = active + n
             tokens = tokens - n

@@ -10,7 +10,7 @@
 
   Keys: inflight, delayed, dead, deliveries, limits, rates, lat_sum, lat_n, recent, buckets,
         throttled, holders, capped, active, and those of lib/leases.lua, lib/permits.lua
-        and the site queues. Needs site_limits and bucket_tokens (step/lease.lua, included before this).
+        and the site queues. Needs site_limits (step/lease.lua, included before this).
   ARGV section: none.
   Options used: max_deliveries, limits (rate, adaptive, target_concurrency, min_rate,
                 start_rate)
@@ -93,8 +93,18 @@ local FORGET_BATCH = 100       -- idle sites looked at per maintenance
 
 -- Forgetting a bucket gives the site one token: only once it has earned at least that.
 local function refilled(site, now, limits)
-    local rate = site_limits(site, limits)
-    return rate <= 0 or bucket_tokens(site, rate, now, limits) >= 1
+    local state = redis.call('HGET', K.buckets, site)
+    if not state then return true end
+    local t, last = string.match(state, '^(%S+) (%S+)$')
+    if not t then return true end
+    local rate = limits.rate
+    local limit = redis.call('HGET', K.limits, site)
+    if limit then rate = tonumber(string.match(limit, '^(%S+)')) or rate end
+    if limits.adaptive then
+        local adaptive = tonumber(redis.call('HGET', K.rates, site) or limits.start_rate)
+        if rate <= 0 or adaptive < rate then rate = adaptive end
+    end
+    return rate <= 0 or tonumber(t) + (now - tonumber(last)) / 1000 * rate >= 1
 end
 
 local function forget_idle(now, limits)
