@@ -92,6 +92,7 @@ class MongoPipeline:
         if placed.escaped_keys:
             self._stats.inc_value("mongo/escaped_keys", placed.escaped_keys)
         await self._store.save_item(placed)
+        self._store.remember(item, placed)
         return item
 
     async def _unplaceable(self, item: Any, exc: UnplaceableItemError) -> NoReturn:

@@ -24,11 +24,13 @@ from project.frontier.config import FrontierConfig, RetryConfig
 from project.frontier.keys import FrontierKeys
 from project.frontier.politeness import derive
 from project.frontier.retry import FrontierRetryMiddleware
+from project.frontier.revisit import RevisitConfig, RevisitLinksMiddleware, RevisitMiddleware
 from project.frontier.robots import (
     ExpiringRobotsTxtMiddleware,
     RobotsCacheMiddleware,
     RobotsConfig,
 )
+from project.frontier.seen import SeenConfig
 from project.frontier.start import FleetStartMiddleware
 from project.monitoring.node import MonitorConfig, NodeMonitor
 from project.monitoring.statsfile import StatsFile, StatsFileConfig
@@ -36,6 +38,8 @@ from project.rendering.browser import use_system_chromium
 from project.rendering.config import RenderingConfig, RenderingConfigError
 from project.rendering.handler import RENDER_RETRY_EXCEPTIONS
 from project.rendering.middleware import RenderingMiddleware
+from project.runs.report import RunsConfig
+from project.runs.tracker import RunTracker
 from project.storage.config import MongoConfig, StorageConfigError
 
 if TYPE_CHECKING:
@@ -78,12 +82,14 @@ _DOWNLOADER_MIDDLEWARES = {
     ExpiringRobotsTxtMiddleware: 100,
     RobotsCacheMiddleware: 101,
     RenderingMiddleware: 560,
+    # Between HttpCompression (590) and the retries: a 304 is "unchanged", not an error.
+    RevisitMiddleware: 580,
 }
 
 # start_urls and start() seed the fleet once, not once per node; first after the engine.
-_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10}
+_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10, RevisitLinksMiddleware: 20}
 
-_EXTENSIONS = {NodeMonitor: 500, StatsFile: 510}
+_EXTENSIONS = {NodeMonitor: 500, StatsFile: 510, RunTracker: 520}
 #: Scrapy 2.19's remote-control server, off on crawler nodes: out of EXTENSIONS_BASE, not
 #: only disabled, because loading its module imports aiohttp (about 0.2 s of every start).
 _REMOTE_CONTROL = "scrapy.extensions.remote_control.RemoteControl"
@@ -147,9 +153,12 @@ def _check(settings: BaseSettings) -> None:
     FrontierConfig.from_settings(settings)
     FrontierKeys.from_settings(settings, "spider")
     RetryConfig.from_settings(settings)
+    RevisitConfig.from_settings(settings)
+    SeenConfig.from_settings(settings)
     RobotsConfig.from_settings(settings)
     MongoConfig.from_settings(settings)
     ValidationConfig.from_settings(settings)
     if MonitorConfig.from_settings(settings).enabled:
         StatsFileConfig.from_settings(settings)
     RenderingConfig.from_settings(settings)
+    RunsConfig.from_settings(settings)

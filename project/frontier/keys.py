@@ -85,6 +85,9 @@ class FrontierKeys:
     start: str
     capped: str
     holders: str
+    revisit: str
+    due: str
+    runs: str
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -111,7 +114,7 @@ class FrontierKeys:
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
                 "history", "layout", "deliveries", "allowed", "recent", "start", "capped",
-                "holders",
+                "holders", "revisit", "due", "runs",
             )
         }  # fmt: skip
         return cls(

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.queue import StepBatch
+from project.frontier.revisit import REVISIT_META_KEY, revisit_entry
 from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import requests_from_seed
@@ -94,6 +95,11 @@ class _Settlement:
     retries: list[tuple[bytes, int, str, bytes]]
     dead: list[tuple[bytes, bytes]]
     pauses: list[tuple[str, int]]
+    revisits: list[tuple[bytes, int, bytes]]
+
+
+#: Due revisits one maintenance hands out (FRONTIER_KEEP_ALIVE).
+_REVISITS_PER_MAINTENANCE = 500
 
 
 class FrontierLoop:
@@ -225,6 +231,18 @@ class FrontierLoop:
 
     def __len__(self) -> int:
         return sum(self._ready.values())
+
+    @property
+    def fleet_idle(self) -> bool:
+        """The fleet had no work at this node's last count, and this node holds none."""
+        counts = self._counts
+        return (
+            counts is not None
+            and not any(counts)
+            and not self.held
+            and not self._enqueue
+            and not self._settlements
+        )
 
     @property
     def held(self) -> int:
@@ -387,11 +405,12 @@ class FrontierLoop:
         retry: tuple[bytes, int, str, bytes] | None = None,
         dead: tuple[bytes, bytes] | None = None,
         pause: tuple[str, int] | None = None,
+        revisit: tuple[bytes, int, bytes] | None = None,
     ) -> None:
         """Queue one settlement behind every request buffered so far (its children)."""
         last = self._settlements[-1] if self._settlements else None
         if last is None or last.after != self._buffered:
-            last = _Settlement(self._buffered, [], [], [], [])
+            last = _Settlement(self._buffered, [], [], [], [], [])
             self._settlements.append(last)
         if ack is not None:
             last.acks.append(ack)
@@ -401,6 +420,8 @@ class FrontierLoop:
             last.dead.append(dead)
         if pause is not None:
             last.pauses.append(pause)
+        if revisit is not None:
+            last.revisits.append(revisit)
 
     def _on_redis_error(self, exc: RedisError) -> None:
         self.stats.inc_value("frontier/redis_errors")
@@ -478,7 +499,8 @@ class FrontierLoop:
             self._stale.discard(lease.member)
             outcome = request.meta.get(OUTCOME_META_KEY)
             if outcome is None:
-                self._settle(ack=lease.member)
+                revisit = revisit_entry(request, lease.site, lease.payload)
+                self._settle(ack=lease.member, revisit=revisit)
                 continue
             if outcome["action"] == "retry":
                 try:
@@ -530,6 +552,7 @@ class FrontierLoop:
             batch.retries += settlement.retries
             batch.dead += settlement.dead
             batch.pauses += settlement.pauses
+            batch.revisits += settlement.revisits
             settled += 1
         if self._latency:
             batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
@@ -544,6 +567,8 @@ class FrontierLoop:
                 batch.heartbeat += [member for member, *_ in settlement.retries]
                 batch.heartbeat += [member for member, _ in settlement.dead]
         batch.maintain = now - self._last_maintenance >= self.config.maintenance_seconds
+        if batch.maintain and self.config.keep_alive and not closing:
+            batch.revisit_due = _REVISITS_PER_MAINTENANCE
         # A node with nothing of its own left after this step asks whether the fleet has:
         # the crawl ends the moment nothing is left anywhere.
         batch.count = not closing and (
@@ -621,6 +646,9 @@ class FrontierLoop:
         self._count("frontier/enqueued", result.added)
         self._count("frontier/duplicates", result.duplicates)
         self._count("dupefilter/filtered", result.duplicates)
+        self._count("revisit/recorded", len(batch.revisits))
+        self._count("revisit/rediscovered", result.revisits[0])
+        self._count("revisit/due", result.revisits[1])
         if result.duplicate_at:
             self._log_duplicates([batch.enqueue[i][3] for i in result.duplicate_at])
         self._accept_leases(result.leased)
@@ -701,11 +729,13 @@ class FrontierLoop:
         for entry in leased:
             member = self.queue.request_member(entry.site, entry.payload)
             try:
-                request, _ = decode_request(entry.payload, self.spider)
+                request, data = decode_request(entry.payload, self.spider)
             except Exception as exc:  # noqa: BLE001 (a payload from Redis costs at most itself)
                 self._refuse(member, "payload", "", entry.site, entry.payload, exc)
                 continue
             request.meta[LEASE_META_KEY] = True
+            if isinstance(data.get("revisit"), dict):
+                request.meta[REVISIT_META_KEY] = data["revisit"]
             # The downloader gives up before the lease is too old to be held.
             timeout = request.meta.get("download_timeout", self.download_timeout)
             request.meta["download_timeout"] = min(timeout, self.config.max_lease_seconds)

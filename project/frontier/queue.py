@@ -32,6 +32,9 @@ class StepBatch:
     retries: list[tuple[bytes, int, str, bytes]] = field(default_factory=list)
     #: (member, dead-letter record)
     dead: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: (fingerprint, interval in ms, "<site>\n<priority>\n<record>\n<payload>") of URLs
+    #: under a revisit policy that were fetched (lua/step/revisit.lua)
+    revisits: list[tuple[bytes, int, bytes]] = field(default_factory=list)
     heartbeat: list[bytes] = field(default_factory=list)
     #: (site, pause in ms)
     pauses: list[tuple[str, int]] = field(default_factory=list)
@@ -56,6 +59,8 @@ class StepBatch:
     start: str | None = None
     #: Ask where the duplicates are in ``enqueue`` (to log them).
     list_dupes: bool = False
+    #: With maintenance, hand out up to this many due revisits (FRONTIER_KEEP_ALIVE).
+    revisit_due: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,8 @@ class StepResult:
     shares: dict[str, int] = field(default_factory=dict)
     #: Spare permits of the sites named in ``ahead`` that went back: (site, n).
     spare_back: list[tuple[str, int]] = field(default_factory=list)
+    #: Seen URLs queued again because their revisit was due: rediscovered, handed out.
+    revisits: tuple[int, int] = (0, 0)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -128,6 +135,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
         self.lease_ms = lease_ms
         self.limits = limits
         self.max_deliveries = max_deliveries
+        #: The seen-set's form (project/frontier/seen.py), known once the node reached Redis.
+        self.seen_form: dict[str, Any] = {"mode": "set"}
         self.member_prefix = node_id.encode() + b"\n"
         self._scripts = {name: lua.load(name) for name in ("step", "release", "start")}
         self._step = server.register_script(self._scripts["step"].source)
@@ -164,6 +173,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 "ack": len(batch.acks),
                 "retry": len(batch.retries),
                 "dead": len(batch.dead),
+                "revisit": len(batch.revisits),
                 "heartbeat": len(batch.heartbeat),
                 "give_back": len(batch.give_back),
                 "pause": len(batch.pauses),
@@ -177,6 +187,10 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["start"] = batch.start
         if batch.list_dupes:
             options["list_dupes"] = True
+        if self.seen_form["mode"] != "set":
+            options["seen"] = self.seen_form
+        if batch.revisit_due:
+            options["revisit"] = batch.revisit_due
         return json.dumps(options, separators=(",", ":")).encode()
 
     async def step(self, batch: StepBatch) -> StepResult:
@@ -189,6 +203,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             argv += retry
         for dead in batch.dead:
             argv += dead
+        for revisit in batch.revisits:
+            argv += revisit
         argv += batch.heartbeat
         for give_back in batch.give_back:
             argv += give_back
@@ -241,6 +257,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 for j in range(0, len(reply[15]), 3)
                 if int(reply[15][j + 2])
             ],
+            revisits=(int(reply[16][0]), int(reply[16][1])),
         )
 
     async def claim_start(self, *, new_crawl: bool) -> str:

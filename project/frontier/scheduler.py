@@ -38,6 +38,8 @@ from project.frontier.loop import (
 from project.frontier.politeness import unreachable
 from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
+from project.frontier.revisit import RevisitConfig
+from project.frontier.seen import SeenConfig, SeenFormError, ensure_form
 from project.frontier.sites import (
     SiteResolver,
     is_private_host,
@@ -86,6 +88,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.config = config
         self.templates = templates
         self.node_id = config.node_id
+        self.seen = SeenConfig.from_settings(crawler.settings)
+        revisit = RevisitConfig.from_settings(crawler.settings)
+        #: FLEET_REVISIT, when it names any URL: such requests are enqueued in revisit mode.
+        self._revisit = revisit if revisit.rules else None
         self.loop: FrontierLoop | None = None
         #: Why this node cannot work (a close reason), once it knows.
         self.fatal: str | None = None
@@ -221,6 +227,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         if not has_own_seeds(spider):
             logger.debug("%s reads no seeds of its own", type(spider).__name__)
         await ensure_layout(self.server, self.keys)
+        try:
+            self.queue.seen_form = await ensure_form(self.server, self.keys, self.seen)
+        except SeenFormError as exc:
+            self._fail("seen_form", "Cannot use the seen-set: %s", exc)
         # "*" records this fleet's defaults for status readers; the Lua
         # scripts take the defaults from each node's own settings.
         caps = config.site_caps()
@@ -236,6 +246,14 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         assert self.loop is not None
         self.loop.start()
         self._ready.set()
+
+    async def ready(self) -> bool:
+        """Wait until the frontier runs; False when this node never reached Redis."""
+        while not self._ready.is_set():
+            if self.fatal is not None:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def claim_start(self, *, new_crawl: bool) -> str | None:
         """Ask the fleet whether this node runs the spider's start() (lua/start.lua).
@@ -356,6 +374,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             raise
         # Requests that skip the filter still mark their URL as seen.
         mode = b"m" if request.dont_filter or not self._filtering else b"f"
+        if mode == b"f" and self._revisit is not None and self._revisit.interval(request) > 0:
+            mode = b"r"  # seen, but fetched again once its revisit is due
         url_site = site_of(request.url)
         site = self._slot_of(request) or url_site
         scope = self._scope(request, url_site, seed)

@@ -43,6 +43,9 @@ NODE_LOCAL_META = frozenset(
         "_frontier_lease",
         "_frontier_seed",
         "_frontier_retry_copy",
+        # revisits (project/frontier/revisit.py): the last fetch's record, this one's
+        "_fleet_revisit",
+        "_fleet_revisit_out",
         # robots.txt fetches (project/frontier/robots.py): the fleet's fetch lock, its site
         "_fleet_robots_lock",
         "_fleet_robots_site",

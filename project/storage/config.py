@@ -73,6 +73,10 @@ class MongoConfig:
     products_collection: str = setting("MONGO_PRODUCTS_COLLECTION", "products")
     rejects_collection: str = setting("MONGO_REJECTS_COLLECTION", "rejects")
     failures_collection: str = setting("MONGO_FAILURES_COLLECTION", "failures")
+    #: Every changed field of every stored item, and items gone: one document each.
+    changes_collection: str = setting("MONGO_CHANGES_COLLECTION", "changes")
+    #: Each crawl run's report (project/runs/report.py).
+    runs_collection: str = setting("MONGO_RUNS_COLLECTION", "crawl_runs")
     batch_size: int = setting("MONGO_BATCH_SIZE", 100)
     flush_interval: float = setting("MONGO_FLUSH_INTERVAL", 1.0)
     #: ``{database}`` and ``{spider}`` are replaced by the database and the spider's name.
@@ -89,6 +93,10 @@ class MongoConfig:
     id_fields: dict[str, tuple[str, ...]] = setting("MONGO_ID_FIELDS", {})
     #: Folders of the layout before ``{database}``: their segments of this database are adopted.
     legacy_journal_dirs: tuple[Path, ...] = field(default=())
+    #: The spider whose items these are (``source_spider`` of each document).
+    spider: str = field(default="")
+    #: CRAWL_ID was set: the fleet's crawl run does not replace it.
+    crawl_id_set: bool = field(default=False)
 
     @classmethod
     def from_settings(
@@ -143,7 +151,9 @@ class MongoConfig:
         values["journal_dir"] = _journal_dir(template, database, spider_name)
         if template == DEFAULT_JOURNAL_DIR:
             values["legacy_journal_dirs"] = (_journal_dir(_LEGACY_JOURNAL_DIR, "", spider_name),)
+        values["crawl_id_set"] = bool(values["crawl_id"])
         values["crawl_id"] = values["crawl_id"] or f"{spider_name}-{started:%Y%m%dT%H%M%SZ}"
+        values["spider"] = spider_name
         return cls(**values)
 
 

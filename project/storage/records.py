@@ -28,15 +28,19 @@ __all__ = [
     "item_record",
     "refused_reject",
     "reject_record",
+    "touch_record",
     "well_formed",
 ]
 
 Record = dict[str, Any]
 
 
-def item_record(placed: PlacedItem, *, database: str, crawl_id: str, seen: float) -> Record:
+def item_record(
+    placed: PlacedItem, *, database: str, crawl_id: str, seen: float, spider: str = ""
+) -> Record:
     """The record of an item to upsert by ``_id`` into its collection."""
     return {
+        "spider": spider,
         "db": database,
         "kind": placed.kind,
         "collection": placed.collection,
@@ -87,6 +91,11 @@ def reject_record(
     }
 
 
+def touch_record(collection: str, ids: list[str], *, database: str, seen: float) -> Record:
+    """The record of items seen again without their content (a 304): ``last_seen`` moves."""
+    return {"db": database, "kind": "touch", "collection": collection, "ids": ids, "seen": seen}
+
+
 def refused_reject(record: Record, reason: str, products_collection: str) -> Record:
     """The reject record of an item MongoDB cannot take: a bounded copy and the reason."""
     doc: dict[str, Any] = record["doc"] if isinstance(record.get("doc"), dict) else {}
@@ -132,8 +141,20 @@ def collection_of(record: Record, products_collection: str) -> str:
 
 def well_formed(record: object, database: str) -> bool:
     """A record as the store writes them (the journal may hold records edited by hand)."""
-    if not isinstance(record, dict) or record.get("kind") not in ("product", "item", "reject"):
+    if not isinstance(record, dict) or record.get("kind") not in (
+        "product",
+        "item",
+        "reject",
+        "touch",
+    ):
         return False
+    if record["kind"] == "touch":
+        ids, collection = record.get("ids"), record.get("collection")
+        return (
+            isinstance(ids, list) and all(isinstance(key, str) for key in ids)
+            and isinstance(collection, str) and collection_name_error(collection, database) is None
+            and isinstance(record.get("seen"), int | float) and _storable_time(record["seen"])
+        )  # fmt: skip
     fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
     if record["kind"] != "reject":
         fields |= {"hash": str, "crawl_id": str}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
@@ -31,7 +32,7 @@ from project.storage.errors import (
 )
 from project.storage.journal import Journal, JournalLockedError
 from project.storage.placement import place_product
-from project.storage.records import item_record, reject_record, well_formed
+from project.storage.records import item_record, reject_record, touch_record, well_formed
 from project.storage.writes import BatchWriter
 from project.utils import mask_url
 
@@ -51,6 +52,10 @@ __all__ = ["ItemNotStoredError", "ItemRejectedError", "MongoStore"]
 logger = logging.getLogger(__name__)
 
 _FIRST_RETRY_DELAY = 0.5
+#: Items remembered between their write and item_scraped (a dropped one never gets there).
+_MAX_REFS = 10_000
+#: Fields of one collection counted in ``coverage/...`` (an item's own keys are unbounded).
+_MAX_COVERAGE_FIELDS = 64
 #: A permanent error that goes on is logged again after this many seconds.
 _REMIND_SECONDS = 600.0
 _Record = dict[str, Any]
@@ -99,6 +104,9 @@ class MongoStore:
         self._opening: asyncio.Task[None] | None = None
         #: The finish reason of a node that could not open its store.
         self.fatal: str | None = None
+        # (collection, _id) of items stored and not yet scraped, by id(): revisits name them
+        self._refs: dict[int, tuple[str, str]] = {}
+        self._coverage: dict[str, set[str]] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> MongoStore:
@@ -116,6 +124,38 @@ class MongoStore:
             store = _stores[crawler] = cls(config, crawler.stats)
             crawler.signals.connect(store.crawl_closed, signal=signals.spider_closed)
         return store
+
+    @staticmethod
+    def existing(crawler: Crawler) -> MongoStore | None:
+        """The crawler's store if a pipeline made one."""
+        return _stores.get(crawler)
+
+    def use_crawl_id(self, crawl_id: str) -> None:
+        """Stamp what is stored from now on with the fleet's crawl run (unless CRAWL_ID is set)."""
+        if not self.config.crawl_id_set:
+            self.config = dataclasses.replace(self.config, crawl_id=crawl_id)
+
+    def remember(self, item: Any, placed: PlacedItem) -> None:
+        """Note where *item* was stored, until it is scraped (:meth:`stored_ref`)."""
+        if len(self._refs) >= _MAX_REFS:
+            self._refs.pop(next(iter(self._refs)))  # items that never reached item_scraped
+        self._refs[id(item)] = (placed.collection, placed.id)
+
+    def stored_ref(self, item: Any) -> tuple[str, str] | None:
+        """(collection, _id) *item* was stored under, once."""
+        return self._refs.pop(id(item), None)
+
+    async def touch(self, refs: Sequence[tuple[str, str]], *, seen: float | None = None) -> None:
+        """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""
+        by_collection: dict[str, list[str]] = {}
+        for collection, key in refs:
+            by_collection.setdefault(collection, []).append(key)
+        at = time.time() if seen is None else seen
+        for collection, keys in by_collection.items():
+            await self._submit(
+                touch_record(collection, keys, database=self.config.database, seen=at)
+            )
+        self._stats.inc_value("mongo/touched", len(refs))
 
     @property
     def journaling(self) -> bool:
@@ -260,14 +300,29 @@ class MongoStore:
 
     async def save_item(self, placed: PlacedItem, *, seen: float | None = None) -> None:
         """Upsert an item into its collection by ``_id``; return once it is durable."""
+        self._count_coverage(placed)
         await self._submit(
             item_record(
                 placed,
                 database=self.config.database,
                 crawl_id=self.config.crawl_id,
                 seen=time.time() if seen is None else seen,
+                spider=self.config.spider,
             )
         )
+
+    def _count_coverage(self, placed: PlacedItem) -> None:
+        """``coverage/<collection>/<field>``: items with that field filled, for the run report."""
+        fields = self._coverage.setdefault(placed.collection, set())
+        self._stats.inc_value(f"coverage/{placed.collection}/items")
+        for key, value in placed.doc.items():
+            if value is None or value == "" or value == [] or value == {}:
+                continue
+            if key not in fields:
+                if len(fields) >= _MAX_COVERAGE_FIELDS:
+                    continue  # items with keys of their own: their first fields only
+                fields.add(key)
+            self._stats.inc_value(f"coverage/{placed.collection}/{key}")
 
     async def save_reject(
         self,
@@ -484,6 +539,7 @@ class MongoStore:
             self._stats,
             products_collection=self.config.products_collection,
             rejects_collection=self.config.rejects_collection,
+            changes_collection=self.config.changes_collection,
             max_bson=int(hello.get("maxBsonObjectSize") or MAX_BSON_SIZE),
         )
         self._database = database
@@ -516,6 +572,8 @@ class MongoStore:
         for collection, key in (
             (self.config.products_collection, "sku"),
             (self.config.rejects_collection, "crawl_id"),
+            (self.config.changes_collection, "item_id"),
+            (self.config.changes_collection, "at"),
         ):
             try:
                 await database[collection].create_index(key, name=key)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, InvalidName, OperationFailure
 
-from project.storage.documents import from_ms, stored_ms, to_ms, unencodable
+from project.storage.documents import bounded, from_ms, stored_ms, to_ms, unencodable
 from project.storage.errors import ItemRejectedError, severity
 from project.storage.records import collection_of, refused_reject
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from project.storage.records import Record
 
-__all__ = ["BatchWriter", "Plan", "Stored", "plan"]
+__all__ = ["BatchWriter", "Plan", "Stored", "field_changes", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,13 @@ class BatchWriter:
         products_collection: str,
         rejects_collection: str,
         max_bson: int,
+        changes_collection: str = "changes",
     ) -> None:
         self._database = database
         self._stats = stats
         self._products = products_collection
         self._rejects = rejects_collection
+        self._changes = changes_collection
         self._max_bson = max_bson
         self._told: set[tuple[str, str]] = set()
 
@@ -76,9 +79,12 @@ class BatchWriter:
         """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
         items: dict[str, _Group] = {}
         rejects: _Group = []
+        touches: list[Record] = []
         for index, record in enumerate(records):
             if record["kind"] == "reject":
                 rejects.append((index, record))
+            elif record["kind"] == "touch":
+                touches.append(record)
             else:
                 items.setdefault(collection_of(record, self._products), []).append((index, record))
         counts: dict[str, Counter[str]] = {}
@@ -91,6 +97,8 @@ class BatchWriter:
             self._stats.inc_value("mongo/rejected")
             self._stats.inc_value(f"mongo/rejected/{reason.split(':')[0].split()[0]}")
         lost = await self._write_rejects(rejects) if rejects else {}
+        for record in touches:
+            await self._touch(record)
         self._stats.inc_value("mongo/batches")
         for collection, counted in counts.items():
             for name, count in counted.items():
@@ -139,15 +147,60 @@ class BatchWriter:
         updates = [
             (op, p) for p in plans.values() if not p.insert and (op := p.update()) is not None
         ]
+        rewritten = [p for _, p in updates if p.writes_content]
+        before = (
+            {doc["_id"]: doc async for doc in _lookup(collection, [p.key for p in rewritten], None)}
+            if rewritten
+            else {}
+        )
         more, _ = await self._bulk(
             collection, [op for op, _ in updates], [p.group for _, p in updates]
         )
         refused.update(more)
+        changed = [p for p in rewritten if p.key in before and p.group[0][0] not in refused]
+        if changed:
+            await self._record_changes(name, changed, before)
         for planned in plans.values():
             if planned.group[0][0] not in refused:
                 counts.update(planned.counts)
                 self._overwritten(name, planned, counts)
         return refused
+
+    async def _record_changes(
+        self, name: str, plans: list[Plan], before: dict[str, _Document]
+    ) -> None:
+        """One document per changed field of each rewritten item (``changes``)."""
+        docs = []
+        for planned in plans:
+            winner = planned.winner
+            at = from_ms(to_ms(winner["seen"]))
+            for path, old, new in field_changes(before[planned.key], content(winner)):
+                docs.append({
+                    "_id": f"{planned.key}|{path}|{to_ms(winner['seen'])}|{name}",
+                    "item_id": planned.key, "collection": name, "field": path,
+                    "old": bounded(old), "new": bounded(new), "at": at, "crawl_id": winner["crawl_id"],
+                    "spider": winner.get("spider", ""),
+                })  # fmt: skip
+        if not docs:
+            return
+        # a replayed batch finds its changes there already (duplicate _id): nothing to add
+        groups: list[_Group] = [[] for _ in docs]
+        await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
+        self._stats.inc_value("mongo/changes", len(docs))
+
+    async def _touch(self, record: Record) -> None:
+        """Move ``last_seen`` of items seen again without their content; they are not gone."""
+        collection = self._database[record["collection"]]
+        at = from_ms(to_ms(record["seen"]))
+        keys = record["ids"]
+        for start in range(0, len(keys), _MAX_OPS_PER_COMMAND):
+            await collection.update_many(
+                {
+                    "_id": {"$in": keys[start : start + _MAX_OPS_PER_COMMAND]},
+                    "last_seen": {"$lt": at},
+                },
+                {"$set": {"last_seen": at}, "$unset": {"gone_at": ""}},
+            )
 
     def _overwritten(self, collection: str, planned: Plan, counts: Counter[str]) -> None:
         """Count (and tell once) records of one URL id whose contents overwrote each other."""
@@ -290,7 +343,10 @@ class Plan:
                 match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
             return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms))
         if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
-            return UpdateOne({"_id": self.key}, {"$max": {"last_seen": from_ms(self.last_ms)}})
+            return UpdateOne(
+                {"_id": self.key},
+                {"$max": {"last_seen": from_ms(self.last_ms)}, "$unset": {"gone_at": ""}},
+            )
         return None
 
 
@@ -327,8 +383,47 @@ def plan(key: str, group: _Group, stored: Stored | None) -> Plan:
 
 
 def content(record: Record) -> _Document:
-    """What a content write sets: the document, its hash and the crawl that wrote it."""
-    return {**record["doc"], "content_hash": record["hash"], "crawl_id": record["crawl_id"]}
+    """What a content write sets: the document, its hash, the crawl and spider that wrote it."""
+    doc = {**record["doc"], "content_hash": record["hash"], "crawl_id": record["crawl_id"]}
+    if record.get("spider"):
+        doc["source_spider"] = record["spider"]
+    return doc
+
+
+#: Fields of a stored document that are the store's, not the item's: never a "change".
+_BOOKKEEPING = frozenset({"_id", "content_hash", "crawl_id", "first_seen", "last_seen",
+                          "source_spider", "gone_at"})  # fmt: skip
+_MAX_CHANGE_DEPTH = 4
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return to_ms(
+            value.replace(tzinfo=UTC).timestamp() if value.tzinfo is None else value.timestamp()
+        )
+    if isinstance(value, tuple | list):
+        return [_comparable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
+
+
+def field_changes(
+    old: _Document, new: _Document, prefix: str = "", depth: int = 0
+) -> list[tuple[str, Any, Any]]:
+    """(dotted field, old value, new value) of every field that differs; nested documents
+    are compared field by field, lists as a whole."""
+    found: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(old) | set(new), key=str):
+        if not prefix and key in _BOOKKEEPING:
+            continue
+        path = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict) and depth < _MAX_CHANGE_DEPTH:
+            found += field_changes(a, b, path + ".", depth + 1)
+        elif _comparable(a) != _comparable(b):
+            found.append((path, a, b))
+    return found
 
 
 def document(record: Record, first_ms: int, last_ms: int) -> _Document:
@@ -355,7 +450,7 @@ async def _stored(collection: AsyncCollection[_Document], keys: list[str]) -> di
 
 
 async def _lookup(
-    collection: AsyncCollection[_Document], keys: list[str], projection: dict[str, int]
+    collection: AsyncCollection[_Document], keys: list[str], projection: dict[str, int] | None
 ) -> AsyncIterator[_Document]:
     """The stored documents of *keys*, in queries that each fit a command."""
     start = 0

@@ -26,15 +26,24 @@
     KEYS[19] start       the claim on start()
     KEYS[20] capped      sites at their cap
     KEYS[21] holders     nodes holding permits
+    KEYS[22] revisit     what revisits need of each URL under a revisit policy
+    KEYS[23] due         when those revisits are due
   Output: keys deleted, or -1 when the crawl is not over (nothing deleted)
 ]]
 --@include lib/crawl.lua
+--@include lib/chunked.lua
+--@include lib/seen.lua
 
 if work_left() > 0 or start_running() == 1 then return -1 end
 local deleted = 0
+local form = redis.call('GET', K.dupefilter .. ':conf')
+if form then
+    local ok, cfg = pcall(cjson.decode, form)
+    if ok and type(cfg) == 'table' then deleted = seen_drop(cfg) end
+end
 for _, node in ipairs(redis.call('ZRANGE', K.holders, 0, -1)) do
     deleted = deleted + redis.call('DEL', K.active .. ':' .. node)
 end
 return deleted + redis.call('DEL', K.capped, K.holders, K.queue, K.inflight, K.delayed, K.dupefilter, K.seq, K.throttled,
                   K.limits, K.rates, K.buckets, K.active, K.leases, K.lat_sum, K.lat_n,
-                  K.queued, K.deliveries, K.allowed, K.recent, K.start)
+                  K.queued, K.deliveries, K.allowed, K.recent, K.start, K.revisit, K.due)

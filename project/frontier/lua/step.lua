@@ -10,7 +10,7 @@
     KEYS[1]  queue       ready sites, scored by their best request (SCHEDULER_QUEUE_KEY)
     KEYS[2]  inflight    leases, scored by deadline (lib/leases.lua has the members)
     KEYS[3]  delayed     retries "<site>\n<payload>", scored by when they are due
-    KEYS[4]  dupefilter  the seen-set: raw request fingerprints (SCHEDULER_DUPEFILTER_KEY)
+    KEYS[4]  dupefilter  the seen-set (SCHEDULER_DUPEFILTER_KEY), in lib/seen.lua's forms
     KEYS[5]  seq         arrival counter, for first-in first-out within a priority
     KEYS[6]  start_urls  seeds pushed with `redis-cli lpush` (REDIS_START_URLS_KEY)
     KEYS[7]  dead        dead letters, JSON records, newest first
@@ -29,6 +29,8 @@
     KEYS[20] start       the claim on the spider's start() (start.lua): 'run\n<node>' or 'done'
     KEYS[21] capped      sites at their concurrency cap, out of the ready index
     KEYS[22] holders     nodes stepping (they may hold download permits), scored by deadline
+    KEYS[23] revisit     fingerprint -> what its last fetch left for a revisit (step/revisit.lua)
+    KEYS[24] due         fingerprints under a revisit policy, scored by when they are due
 
     ARGV[1]  options, one JSON object:
                node       this node's id (no newline)
@@ -60,7 +62,8 @@
            'S' when the seeds came from a list, 'T' from a set (their in-flight members),
            permits granted {site, n, ...}, for each site of the ahead section this node's
            share of its cap (0: no cap) and its spare permits that went back
-           {site, share, back, ...}}
+           {site, share, back, ...}},
+           revisits queued: {rediscovered and due, handed out by maintenance}
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -68,6 +71,8 @@
 --@include lib/leases.lua
 --@include lib/permits.lua
 --@include lib/crawl.lua
+--@include lib/seen.lua
+--@include step/revisit.lua
 --@include step/enqueue.lua
 --@include step/settle.lua
 --@include step/heartbeat.lua
@@ -86,10 +91,12 @@ local now = now_ms()
 local deadline = now + opt.lease_ms
 local at = 2 -- ARGV[1] is the options; the sections start after it
 
-local added, dupes, offsite, dupe_list = enqueue(at, n.enqueue, opt.list_dupes)
+local added, dupes, offsite, dupe_list, rediscovered = enqueue(at, n.enqueue, opt, now)
 at = at + n.enqueue * ENQUEUE_WIDTH
 local stale = settle(at, n.ack, n.retry, n.dead, now)
 at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
+record_revisits(at, n.revisit or 0, now)
+at = at + (n.revisit or 0) * REVISIT_WIDTH
 heartbeat(at, n.heartbeat, deadline)
 at = at + n.heartbeat * HEARTBEAT_WIDTH
 permits_back(at, n.give_back, opt.node)
@@ -100,7 +107,11 @@ latency(at, n.latency)
 at = at + n.latency * LATENCY_WIDTH
 
 local reaped, promoted, poisoned = 0, 0, {}
-if opt.maintain then reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries) end
+local handed_out = 0
+if opt.maintain then
+    reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries)
+    if opt.revisit then handed_out = revisits_due(now, opt.revisit) end
+end
 local first, woke = wake(now)
 local leased, permits, parked, shares = lease(at, n.ahead, opt, now, deadline, limits)
 local seeds, seeds_kind = take_seeds(opt.seed_want, deadline, opt.node)
@@ -119,4 +130,4 @@ end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list, seeds_kind, permits, shares}
+        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}}

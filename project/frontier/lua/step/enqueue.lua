@@ -3,10 +3,15 @@
   sites the crawl may visit and against the seen-set, and pushed to their sites'
   queues. One SMISMEMBER on each set for the whole batch, one ZADD per site.
 
-  Keys: dupefilter, allowed, seq, queue, throttled, queued, and the site queues.
+  Keys: dupefilter (and the keys of lib/seen.lua), allowed, seq, queue, throttled, queued,
+        revisit, due, and the site queues.
   ARGV section, ENQUEUE_WIDTH values per request:
     mode .. fingerprint  'f' + fingerprint: dropped if seen; 'm' + fingerprint
-                         (dont_filter): queued anyway, and marked as seen
+                         (dont_filter): queued anyway, and marked as seen; 'r' +
+                         fingerprint: a URL under a revisit policy (project/frontier/
+                         revisit.py): dropped if seen, unless its revisit is due (`due`
+                         scores it); then it goes again with its last fetch's record
+                         (step/revisit.lua), and is due again one interval later
     site                 the politeness unit the request counts against
     priority             Scrapy's request priority (clamped to +-PRIORITY_LIMIT)
     payload              the request as JSON (project/frontier/wire.py)
@@ -19,9 +24,10 @@
                                      its URL's site
                            '~' site  a redirect within one domain: only if the site it
                                      came from is allowed; then its own site joins
-  Option list_dupes (true): also return the batch positions (0-based) of the duplicates,
-  for DUPEFILTER_DEBUG's log lines.
-  Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...}
+  Options: list_dupes (true): also return the batch positions (0-based) of the duplicates,
+  for DUPEFILTER_DEBUG's log lines; seen: the seen-set's form (lib/seen.lua).
+  Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...},
+           revisits (seen URLs queued again because they were due)
 ]]
 local ENQUEUE_WIDTH = 5
 
@@ -67,31 +73,31 @@ local function in_scope(count, at)
     return keep
 end
 
-local function enqueue(at, count, list_dupes)
-    if count == 0 then return 0, 0, 0, {} end
+local function enqueue(at, count, opt, now)
+    if count == 0 then return 0, 0, 0, {}, 0 end
     local keep = in_scope(count, at)
     local fps = {}
     for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
-    local flags = chunked_list('SMISMEMBER', K.dupefilter, fps)
-    local in_batch, fresh, new_fps, listed = {}, {}, {}, {}
-    local dupes = 0
+    local flags = seen_mark(fps, opt.seen)
+    local fresh, listed, in_batch = {}, {}, {}
+    local dupes, revisits = 0, 0
     for j, e in ipairs(keep) do
         local i = at + e * ENQUEUE_WIDTH
-        local fp = fps[j]
-        local filter = string.sub(ARGV[i], 1, 1) == 'f'
-        local seen = flags[j] == 1 or in_batch[fp]
-        if filter and seen then
+        local mode = string.sub(ARGV[i], 1, 1)
+        local payload = ARGV[i + 3]
+        local seen = flags[j]
+        if seen and mode == 'r' and not in_batch[fps[j]] then
+            payload = revisit_due(fps[j], payload, now)
+            if payload then revisits = revisits + 1; seen = false end
+        end
+        in_batch[fps[j]] = true
+        if seen and mode ~= 'm' then
             dupes = dupes + 1
-            if list_dupes then listed[#listed + 1] = e end
+            if opt.list_dupes then listed[#listed + 1] = e end
         else
-            if not seen then
-                in_batch[fp] = true
-                new_fps[#new_fps + 1] = fp
-            end
-            fresh[#fresh + 1] = {ARGV[i + 1], clamp_priority(tonumber(ARGV[i + 2]) or 0), ARGV[i + 3]}
+            fresh[#fresh + 1] = {ARGV[i + 1], clamp_priority(tonumber(ARGV[i + 2]) or 0), payload or ARGV[i + 3]}
         end
     end
-    if #new_fps > 0 then chunked('SADD', K.dupefilter, new_fps) end
     if #fresh > 0 then push_grouped(group_by_site(fresh)) end
-    return #fresh, dupes, count - #keep, listed
+    return #fresh, dupes, count - #keep, listed, revisits
 end

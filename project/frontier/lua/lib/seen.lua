@@ -1,0 +1,107 @@
+--[[
+  The seen-set (SCHEDULER_DUPEFILTER_KEY) in one of its three forms, FRONTIER_SEEN_MODE
+  (project/frontier/seen.py sizes them and records the form in "<dupefilter>:conf"):
+
+    set    the dupefilter key itself: a set of raw fingerprints (about 76 bytes a URL)
+    exact  "<dupefilter>:<bucket>" for 2^b buckets: sets of 53-bit integers cut from the
+           fingerprint, which Redis keeps as intsets (8 bytes a member) while a bucket holds
+           at most set-max-intset-entries (512; buckets are sized for about 128-256 each).
+           A false duplicate needs two fingerprints equal in 53 + b bits.
+    bloom  "<dupefilter>:bloom:<part>": strings of `bits` bits, `k` bits set for each URL
+           (enhanced double hashing); a false positive skips a URL.
+
+  The forms other than `set` count what they hold in "<dupefilter>:n" (SCARD for a set).
+  Keys are built from K.dupefilter, so they share its hash slot when it has a hash tag.
+
+  seen_mark(fps, cfg) marks every fingerprint of `fps` as seen; returns a table of
+  booleans, true where that fingerprint was seen before (or earlier in `fps`), and how
+  many were new. cfg: nil or {mode = 'set'}, {mode = 'exact', buckets = 2^b},
+  {mode = 'bloom', bits = per part, k = bits per URL, parts = P}.
+]]
+local SEEN_MEMBER_SPAN = 2 ^ 53 -- integers below it are exact in Lua's doubles
+
+-- The fingerprint as 20 bytes: Scrapy's are SHA-1 digests; any other length is hashed
+local function fp_bytes(fp)
+    if #fp ~= 20 then
+        local hex = redis.sha1hex(fp)
+        local raw = {}
+        for i = 1, 40, 2 do raw[#raw + 1] = tonumber(string.sub(hex, i, i + 1), 16) end
+        return raw
+    end
+    return {string.byte(fp, 1, 20)}
+end
+
+local function exact_place(fp, buckets)
+    local b = fp_bytes(fp)
+    local bucket = ((b[1] * 256 + b[2]) * 256 + b[3]) % buckets
+    local member = b[4] % 32 -- 5 + 6 * 8 = 53 bits
+    for i = 5, 10 do member = member * 256 + b[i] end
+    return K.dupefilter .. ':' .. bucket, string.format('%.0f', member % SEEN_MEMBER_SPAN)
+end
+
+local function bloom_place(fp, cfg)
+    local b = fp_bytes(fp)
+    local h1 = ((b[1] * 256 + b[2]) * 256 + b[3]) * 256 + b[4]
+    local h2 = ((b[5] * 256 + b[6]) * 256 + b[7]) * 256 + b[8]
+    local part = ((b[9] * 256 + b[10]) * 256 + b[11]) % cfg.parts
+    local args = {}
+    for i = 0, cfg.k - 1 do
+        -- below 2^32 * (1 + k) + k^3: exact in doubles for any k a setting allows
+        local at = (h1 + i * h2 + (i * i * i - i) / 6) % cfg.bits
+        args[#args + 1] = 'SET'
+        args[#args + 1] = 'u1'
+        args[#args + 1] = string.format('%.0f', at)
+        args[#args + 1] = 1
+    end
+    return K.dupefilter .. ':bloom:' .. part, args
+end
+
+local function seen_mark(fps, cfg)
+    local flags, new = {}, 0
+    local mode = cfg and cfg.mode or 'set'
+    if #fps == 0 then return flags, 0 end
+    if mode == 'set' then
+        local found = chunked_list('SMISMEMBER', K.dupefilter, fps)
+        local in_batch, fresh = {}, {}
+        for j, fp in ipairs(fps) do
+            flags[j] = found[j] == 1 or in_batch[fp] == true
+            if not flags[j] then
+                in_batch[fp] = true
+                fresh[#fresh + 1] = fp
+            end
+        end
+        if #fresh > 0 then chunked('SADD', K.dupefilter, fresh) end
+        return flags, #fresh
+    end
+    for j, fp in ipairs(fps) do
+        if mode == 'exact' then
+            local key, member = exact_place(fp, cfg.buckets)
+            flags[j] = redis.call('SADD', key, member) == 0
+        else
+            -- SET returns each bit's old value: all of them set means seen (or a false positive)
+            local key, args = bloom_place(fp, cfg)
+            local old = redis.call('BITFIELD', key, unpack(args))
+            local all = true
+            for _, bit in ipairs(old) do if bit == 0 then all = false break end end
+            flags[j] = all
+        end
+        if not flags[j] then new = new + 1 end
+    end
+    if new > 0 then redis.call('INCRBY', K.dupefilter .. ':n', new) end
+    return flags, new
+end
+
+-- Delete the seen-set of the form `cfg` describes (its count and its record of the form too).
+local function seen_drop(cfg)
+    local names = {K.dupefilter, K.dupefilter .. ':n', K.dupefilter .. ':conf'}
+    if cfg.mode == 'exact' then
+        for b = 0, cfg.buckets - 1 do names[#names + 1] = K.dupefilter .. ':' .. b end
+    elseif cfg.mode == 'bloom' then
+        for p = 0, cfg.parts - 1 do names[#names + 1] = K.dupefilter .. ':bloom:' .. p end
+    end
+    local deleted = 0
+    for first = 1, #names, CHUNK do
+        deleted = deleted + redis.call('DEL', unpack(names, first, math.min(#names, first + CHUNK - 1)))
+    end
+    return deleted
+end

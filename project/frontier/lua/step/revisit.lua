@@ -1,0 +1,79 @@
+--[[
+  Revisits (FLEET_REVISIT, project/frontier/revisit.py): what the last fetch of each URL
+  under a revisit policy left for the next one, and when that next one is due. Only such
+  URLs have an entry; the seen-set itself holds no more than it did.
+
+  Keys: revisit  fingerprint -> "<interval ms>\n<site>\n<priority>\n<record>\n<payload>"
+        due      fingerprint, scored by when its URL may be fetched again (ms, Redis clock)
+  ARGV section (phase 2b, after settle), REVISIT_WIDTH values per fetched URL:
+    fingerprint, interval_ms (0: no longer under a policy: forget it),
+    "<site>\n<priority>\n<record>\n<payload>"  record: the JSON the node wants back with
+                                               the revisit (validators, content hash, items)
+  revisit_due(fp, payload, now): the payload to queue when a seen URL is rediscovered and
+    its revisit is due (the record added as its "revisit" field), else nil; it is then due
+    again one interval later, so a lost revisit comes back.
+  revisits_due(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
+    due revisits of URLs nobody rediscovered; returns how many.
+]]
+local REVISIT_WIDTH = 3
+
+-- "<interval>\n<site>\n<priority>\n<record>\n<payload>" -> its five parts
+local function split_revisit(stored)
+    local parts, from = {}, 1
+    for _ = 1, 4 do
+        local nl = string.find(stored, '\n', from, true)
+        if not nl then return nil end
+        parts[#parts + 1] = string.sub(stored, from, nl - 1)
+        from = nl + 1
+    end
+    parts[5] = string.sub(stored, from)
+    return parts
+end
+
+local function with_record(payload, record)
+    if string.sub(payload, -1) ~= '}' then return payload end
+    return string.sub(payload, 1, -2) .. ',"revisit":' .. record .. '}'
+end
+
+local function record_revisits(at, count, now)
+    for e = 0, count - 1 do
+        local i = at + e * REVISIT_WIDTH
+        local fp, interval = ARGV[i], tonumber(ARGV[i + 1]) or 0
+        if interval > 0 then
+            redis.call('HSET', K.revisit, fp, string.format('%.0f', interval) .. '\n' .. ARGV[i + 2])
+            redis.call('ZADD', K.due, now + interval, fp)
+        else
+            redis.call('HDEL', K.revisit, fp)
+            redis.call('ZREM', K.due, fp)
+        end
+    end
+end
+
+local function revisit_due(fp, payload, now)
+    local due = tonumber(redis.call('ZSCORE', K.due, fp))
+    if not due or due > now then return nil end
+    local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
+    if not parts then
+        redis.call('ZREM', K.due, fp)
+        return nil
+    end
+    redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
+    return with_record(payload, parts[4])
+end
+
+local function revisits_due(now, most)
+    local fps = redis.call('ZRANGEBYSCORE', K.due, '-inf', now, 'LIMIT', 0, most)
+    local entries = {}
+    for _, fp in ipairs(fps) do
+        local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
+        if parts then
+            redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
+            entries[#entries + 1] = {parts[2], clamp_priority(tonumber(parts[3]) or 0),
+                                     with_record(parts[5], parts[4])}
+        else
+            redis.call('ZREM', K.due, fp)
+        end
+    end
+    if #entries > 0 then push_grouped(group_by_site(entries)) end
+    return #entries
+end

@@ -1,0 +1,346 @@
+"""Revisits: seen URLs fetched again once their interval passed, conditionally.
+
+``FLEET_REVISIT`` maps URL patterns (regular expressions searched in the URL) and callbacks
+(``"@parse_product"``) to intervals (``"1h"``, ``"1d"``, seconds). A request it matches is
+enqueued in revisit mode: dropped as seen, unless the interval since its last fetch passed
+(lua/step/revisit.lua keeps, per such URL only, what that fetch left). With
+``FRONTIER_KEEP_ALIVE`` the frontier also hands the due revisits out itself.
+
+A revisit carries the last fetch's validators (``If-None-Match``, ``If-Modified-Since``).
+``304 Not Modified`` is unchanged: nothing is parsed, and the items the page gave last time
+get ``last_seen`` bumped. Otherwise the page is parsed, and its body's hash tells changed
+from unchanged. ``revisit/not_modified``, ``revisit/changed``, ``revisit/unchanged`` count them.
+
+``FLEET_REVISIT_ADAPTIVE``: a URL's interval shrinks by a fifth when its page changed and
+grows by two fifths when it did not, within ``FLEET_REVISIT_MIN`` and ``FLEET_REVISIT_MAX``
+(Nutch's AdaptiveFetchSchedule: ``inc_rate`` 0.4, ``dec_rate`` 0.2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, signals
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+
+from project.config import read_settings, setting
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterable
+    from typing import Self
+
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+
+__all__ = [
+    "REVISIT_META_KEY",
+    "REVISIT_OUT_META_KEY",
+    "NotModified",
+    "RevisitConfig",
+    "RevisitLinksMiddleware",
+    "RevisitMiddleware",
+    "parse_duration",
+    "revisit_entry",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The record of a URL's last fetch, as the frontier handed it out with the revisit.
+REVISIT_META_KEY = "_fleet_revisit"
+#: What this fetch leaves for the next one: sent with the request's acknowledgement.
+REVISIT_OUT_META_KEY = "_fleet_revisit_out"
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+INC_RATE, DEC_RATE = 0.4, 0.2
+#: Items a page's record names for a 304 to bump; a page with more is always fetched whole.
+_MAX_ITEMS = 200
+_MAX_VALIDATOR = 256
+_MAX_REF = 2048
+
+
+def parse_duration(value: object, name: str = "duration") -> float:
+    """Seconds in ``90``, ``"90"``, ``"30s"``, ``"15m"``, ``"1h"``, ``"1d"`` or ``"2w"``."""
+    if isinstance(value, bool):
+        raise NotConfigured(f"{name}: {value!r} is not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if match is None:
+            raise NotConfigured(f"{name}: {str(value)[:50]!r} is not a duration (90, 30s, 1h, 1d)")
+        seconds = float(match[1]) * _UNITS[(match[2] or "s").lower()]
+    if not 0 <= seconds <= 10 * 365 * 86400:
+        raise NotConfigured(f"{name}: {value!r} is not between 0 and 10 years")
+    return seconds
+
+
+class NotModified(IgnoreRequest):
+    """The page did not change since its last fetch (304): nothing to parse."""
+
+
+@dataclass(frozen=True)
+class RevisitConfig:
+    """FLEET_REVISIT_*: which URLs are fetched again, and how often."""
+
+    policies: dict[str, Any] = setting("FLEET_REVISIT", {})
+    adaptive: bool = setting("FLEET_REVISIT_ADAPTIVE", False)
+    min_interval: str = setting("FLEET_REVISIT_MIN", "1h")
+    max_interval: str = setting("FLEET_REVISIT_MAX", "14d")
+    rules: tuple[tuple[re.Pattern[str] | str, float], ...] = field(default=())
+    bounds: tuple[float, float] = (3600.0, 14 * 86400.0)
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        values = read_settings(cls, settings)
+        rules: list[tuple[re.Pattern[str] | str, float]] = []
+        for key, interval in values["policies"].items():
+            seconds = parse_duration(interval, f"FLEET_REVISIT[{key!r}]")
+            if not isinstance(key, str) or not key:
+                raise NotConfigured(f"FLEET_REVISIT: {key!r} is not a URL pattern or @callback")
+            if key.startswith("@"):
+                rules.append((key[1:], seconds))
+                continue
+            try:
+                rules.append((re.compile(key), seconds))
+            except re.error as exc:
+                raise NotConfigured(
+                    f"FLEET_REVISIT[{key!r}]: not a regular expression ({exc})"
+                ) from exc
+        low = parse_duration(values["min_interval"], "FLEET_REVISIT_MIN")
+        high = parse_duration(values["max_interval"], "FLEET_REVISIT_MAX")
+        if not 0 < low <= high:
+            raise NotConfigured("FLEET_REVISIT_MIN must be above 0 and at most FLEET_REVISIT_MAX")
+        values["rules"], values["bounds"] = tuple(rules), (low, high)
+        return cls(**values)
+
+    def interval(self, request: Request) -> float:
+        """Seconds between fetches of *request*'s URL: 0 when no policy names it."""
+        callback = getattr(request.callback, "__name__", None) or "parse"
+        for rule, seconds in self.rules:
+            if isinstance(rule, str):
+                if rule == callback:
+                    return seconds
+            elif rule.search(request.url):
+                return seconds
+        return 0.0
+
+    def next_interval(self, last: float, base: float, changed: bool | None) -> float:
+        """The interval after a fetch: adaptive within the bounds, else the policy's."""
+        if not self.adaptive or changed is None or last <= 0:
+            return base
+        low, high = self.bounds
+        factor = 1 - DEC_RATE if changed else 1 + INC_RATE
+        return min(high, max(low, last * factor))
+
+
+def _validator(value: bytes | None) -> str | None:
+    """A header value fit to send back: printable ASCII, bounded, else None."""
+    if not value or len(value) > _MAX_VALIDATOR:
+        return None
+    text = value.decode("latin-1")
+    return text if text.isascii() and text.isprintable() else None
+
+
+def _record(request: Request) -> dict[str, Any] | None:
+    record = request.meta.get(REVISIT_META_KEY)
+    return record if isinstance(record, dict) else None
+
+
+def _payload_without_record(payload: bytes) -> bytes:
+    """The leased payload as first enqueued (a revisit's carries the last record)."""
+    if b'"revisit":' not in payload:
+        return payload
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return payload
+    if isinstance(data, dict):
+        data.pop("revisit", None)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def revisit_entry(request: Request, site: str, payload: bytes) -> tuple[bytes, int, bytes] | None:
+    """The revisit section entry (lua/step/revisit.lua) of a fetched request, if it has one."""
+    out = request.meta.get(REVISIT_OUT_META_KEY)
+    if not isinstance(out, dict):
+        return None
+    record = json.dumps(out["record"], separators=(",", ":"), ensure_ascii=True)
+    blob = f"{site}\n{request.priority}\n{record}\n".encode() + _payload_without_record(payload)
+    return out["fp"], int(out["interval"] * 1000), blob
+
+
+class RevisitLinksMiddleware:
+    """Spider middleware: a page that led to other requests is not asked conditionally.
+
+    A 304 is not parsed, so the links of a hub page (a category listing) would not be
+    followed again and the pages behind them never rediscovered: such a page's record keeps
+    no validators, and its next fetch is a whole one. Pages that only gave items are asked
+    with ``If-None-Match`` / ``If-Modified-Since``.
+    """
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not RevisitConfig.from_settings(crawler.settings).rules:
+            raise NotConfigured("FLEET_REVISIT names no URLs")
+        return cls()
+
+    @staticmethod
+    def _saw(response: Response, output: Any) -> None:
+        if not isinstance(output, Request):
+            return
+        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
+        if isinstance(out, dict) and not out["record"].get("links"):
+            out["record"]["links"] = True
+            out["record"].pop("etag", None)
+            out["record"].pop("lm", None)
+
+    def process_spider_output(
+        self, response: Response, result: Iterable[Any], spider: Spider | None = None
+    ) -> Iterable[Any]:
+        for output in result:
+            self._saw(response, output)
+            yield output
+
+    async def process_spider_output_async(
+        self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
+    ) -> AsyncIterator[Any]:
+        async for output in result:
+            self._saw(response, output)
+            yield output
+
+
+class RevisitMiddleware:
+    """Sends a revisit's validators, turns a 304 into "unchanged", and records each fetch.
+
+    A downloader middleware between HttpCompression (590) and the retries: it sees the
+    decoded body of the final response of each request.
+    """
+
+    def __init__(self, crawler: Crawler, config: RevisitConfig, stats: StatsCollector) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.stats = stats
+        crawler.signals.connect(self._item_scraped, signal=signals.item_scraped)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = RevisitConfig.from_settings(crawler.settings)
+        if not config.rules:
+            raise NotConfigured("FLEET_REVISIT names no URLs")
+        assert crawler.stats is not None
+        return cls(crawler, config, crawler.stats)
+
+    def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        record = _record(request)
+        if record is None:
+            return
+        etag, modified = record.get("etag"), record.get("lm")
+        if isinstance(etag, str) and etag and b"If-None-Match" not in request.headers:
+            request.headers[b"If-None-Match"] = etag
+        if isinstance(modified, str) and modified and b"If-Modified-Since" not in request.headers:
+            request.headers[b"If-Modified-Since"] = modified
+
+    async def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Response:
+        base = self.config.interval(request)
+        last = _record(request)
+        if base <= 0 and last is None:
+            return response
+        fingerprint = self._fingerprint(request)
+        if fingerprint is None:
+            return response
+        previous = (
+            float(last.get("i", 0)) / 1000
+            if last and isinstance(last.get("i"), int | float)
+            else 0.0
+        )
+        if response.status == 304 and last is not None:
+            self.stats.inc_value("revisit/not_modified")
+            self.stats.inc_value("revisit/unchanged")
+            interval = self.config.next_interval(previous, base, changed=False)
+            record = {**last, "i": int(interval * 1000)}
+            record.update(self._validators(response, record))
+            request.meta[REVISIT_OUT_META_KEY] = {
+                "fp": fingerprint,
+                "interval": interval,
+                "record": record,
+            }
+            await self._touch(record.get("items"))
+            raise NotModified(f"{response.url[:200]}: not modified")
+        digest = hashlib.sha1(response.body, usedforsecurity=False).hexdigest()[:16]
+        changed: bool | None = None
+        if last is not None:
+            changed = last.get("h") != digest
+            self.stats.inc_value("revisit/changed" if changed else "revisit/unchanged")
+        interval = self.config.next_interval(previous, base, changed)
+        record = {"h": digest, "i": int(interval * 1000), "items": []}
+        if 200 <= response.status < 300:
+            record.update(self._validators(response, {}))
+        # validators go only with a page that led nowhere else (RevisitLinksMiddleware)
+        request.meta[REVISIT_OUT_META_KEY] = {
+            "fp": fingerprint,
+            "interval": interval,
+            "record": record,
+        }
+        return response
+
+    def _fingerprint(self, request: Request) -> bytes | None:
+        from project.frontier.scheduler import FleetScheduler
+
+        scheduler = FleetScheduler.of(self.crawler)
+        if scheduler is None or not hasattr(scheduler, "df"):
+            return None
+        return scheduler.df.fingerprint(request)
+
+    @staticmethod
+    def _validators(response: Response, record: dict[str, Any]) -> dict[str, Any]:
+        found = {
+            "etag": _validator(response.headers.get(b"ETag")),
+            "lm": _validator(response.headers.get(b"Last-Modified")),
+        }
+        return {name: value for name, value in found.items() if value} or {
+            name: record[name] for name in ("etag", "lm") if name in record
+        }
+
+    async def _touch(self, items: object) -> None:
+        """The items a 304 page gave last time are still there: bump their ``last_seen``."""
+        if not isinstance(items, list) or not items:
+            return
+        from project.storage.store import MongoStore
+
+        store = MongoStore.existing(self.crawler)
+        if store is None:
+            return
+        refs = [(ref[0], ref[1]) for ref in items
+                if isinstance(ref, list) and len(ref) == 2 and all(isinstance(x, str) for x in ref)]  # fmt: skip
+        await store.touch(refs)
+
+    def _item_scraped(self, item: Any, response: Response, spider: Spider) -> None:
+        """Name the stored item in its page's record, for a later 304 to keep it alive."""
+        request = getattr(response, "request", None)
+        out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
+        if not isinstance(out, dict):
+            return
+        from project.storage.store import MongoStore
+
+        store = MongoStore.existing(self.crawler)
+        ref = store.stored_ref(item) if store is not None else None
+        record = out["record"]
+        if ref is None or len(ref[1]) > _MAX_REF:
+            return
+        if len(record["items"]) >= _MAX_ITEMS:
+            # too many to name: no validators, so the next fetch parses the page again
+            record.pop("etag", None)
+            record.pop("lm", None)
+            return
+        record["items"].append(list(ref))

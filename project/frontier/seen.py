@@ -1,0 +1,172 @@
+"""The seen-set's form (FRONTIER_SEEN_MODE): a plain set, compact exact buckets, or a Bloom filter.
+
+lua/lib/seen.lua reads and writes the three forms; this module sizes them from
+FRONTIER_SEEN_EXPECTED and FRONTIER_SEEN_ERROR_RATE, records the form a crawl uses in
+``<dupefilter>:conf`` (so every node, whatever its settings, uses the same one), and moves an
+existing set into another form (``fleetcrawl seen migrate``).
+
+A Bloom filter answers "seen" for about one never-seen URL in 1/error_rate: that URL is
+skipped, and nothing can tell which one it was. Use it where that is acceptable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import NotConfigured
+
+from project.config import read_settings, setting
+from project.frontier import lua
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from redis.asyncio import Redis
+    from scrapy.settings import BaseSettings
+
+    from project.frontier.keys import FrontierKeys
+
+__all__ = ["MODES", "SeenConfig", "SeenFormError", "ensure_form", "migrate", "stored_form"]
+
+logger = logging.getLogger(__name__)
+
+MODES = ("set", "exact", "bloom")
+#: Members an exact bucket is sized for at the expected count (Redis keeps a set of
+#: integers as an intset up to set-max-intset-entries, 512 by default).
+_BUCKET_MEMBERS = 192
+#: Most buckets (lib/seen.lua cuts a bucket number from 24 bits of the fingerprint).
+_MAX_BUCKETS = 1 << 24
+#: Bits of one Bloom part: SETBIT's largest offset is 2^32 - 1 (a 512 MiB string).
+_MAX_PART_BITS = 1 << 32
+_SCAN_COUNT = 1000
+_MIGRATE_BATCH = 1000
+
+
+class SeenFormError(NotConfigured):
+    """The seen-set in Redis is in another form than the settings ask for."""
+
+
+@dataclass(frozen=True)
+class SeenConfig:
+    """FRONTIER_SEEN_*: which form, sized for how many URLs."""
+
+    mode: str = setting("FRONTIER_SEEN_MODE", "set")
+    expected: int = setting("FRONTIER_SEEN_EXPECTED", 10_000_000)
+    error_rate: float = setting("FRONTIER_SEEN_ERROR_RATE", 1e-6)
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        config = cls(**read_settings(cls, settings))
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Refuse values no form can be built from."""
+        if self.mode not in MODES:
+            raise NotConfigured(
+                f"FRONTIER_SEEN_MODE must be one of {', '.join(MODES)}, not {self.mode!r}"
+            )
+        if not 1000 <= self.expected <= 1 << 36:
+            raise NotConfigured(f"FRONTIER_SEEN_EXPECTED ({self.expected}) must be 1000 to 2^36")
+        if not 1e-12 <= self.error_rate <= 0.1:
+            raise NotConfigured(
+                f"FRONTIER_SEEN_ERROR_RATE ({self.error_rate}) must be 1e-12 to 0.1"
+            )
+
+    def form(self) -> dict[str, Any]:
+        """The form as lib/seen.lua takes it."""
+        if self.mode == "exact":
+            buckets = 1 << max(0, math.ceil(math.log2(self.expected / _BUCKET_MEMBERS)))
+            return {"mode": "exact", "buckets": min(buckets, _MAX_BUCKETS)}
+        if self.mode == "bloom":
+            bits = math.ceil(-self.expected * math.log(self.error_rate) / math.log(2) ** 2)
+            parts = math.ceil(bits / _MAX_PART_BITS)
+            k = max(1, round(bits / self.expected * math.log(2)))
+            return {"mode": "bloom", "bits": math.ceil(bits / parts), "k": k, "parts": parts}
+        return {"mode": "set"}
+
+
+def _conf_key(keys: FrontierKeys) -> str:
+    return keys.dupefilter + ":conf"
+
+
+async def stored_form(server: Redis, keys: FrontierKeys) -> dict[str, Any] | None:
+    """The form recorded for this crawl's seen-set, or None (a plain set, or none yet)."""
+    raw = await server.get(_conf_key(keys))
+    if raw is None:
+        return None
+    try:
+        form = json.loads(raw)
+    except ValueError:
+        form = None
+    if not isinstance(form, dict) or form.get("mode") not in MODES:
+        raise SeenFormError(f"{_conf_key(keys)} holds {raw[:100]!r}, not a seen-set form")
+    return form
+
+
+async def ensure_form(server: Redis, keys: FrontierKeys, config: SeenConfig) -> dict[str, Any]:
+    """The form this node must use: the one recorded, else the settings' (recorded now).
+
+    A recorded form of another mode, or a plain set with members when the settings ask for
+    another form, stops the node: ``fleetcrawl seen migrate`` moves the set.
+    """
+    wanted = config.form()
+    form = await stored_form(server, keys)
+    if form is None and wanted["mode"] != "set":
+        if await server.exists(keys.dupefilter):
+            raise SeenFormError(
+                f"the seen-set {keys.dupefilter} is a plain set and FRONTIER_SEEN_MODE is"
+                f" {wanted['mode']!r}: move it with `fleetcrawl seen migrate {keys.spider}"
+                f" --to {wanted['mode']}` (nodes stopped), or set FRONTIER_SEEN_MODE = 'set'"
+            )
+        await server.set(_conf_key(keys), json.dumps(wanted), nx=True)
+        form = await stored_form(server, keys)
+    if form is None:
+        return {"mode": "set"}
+    if form["mode"] != wanted["mode"]:
+        raise SeenFormError(
+            f"this crawl's seen-set is in {form['mode']!r} form ({_conf_key(keys)}) and"
+            f" FRONTIER_SEEN_MODE is {wanted['mode']!r}: set FRONTIER_SEEN_MODE ="
+            f" {form['mode']!r}, or move it with `fleetcrawl seen migrate`"
+        )
+    if form != wanted:
+        logger.warning(
+            "the seen-set is sized %s (recorded when the crawl began); these settings ask for %s:"
+            " the recorded size is used",
+            json.dumps(form), json.dumps(wanted),
+        )  # fmt: skip
+    return form
+
+
+async def migrate(server: Redis, keys: FrontierKeys, config: SeenConfig) -> int:
+    """Move a plain seen-set into *config*'s form; return how many fingerprints moved.
+
+    Run with every node of the crawl stopped: a node that adds to the old set meanwhile
+    adds a URL the new form does not hold.
+    """
+    form = config.form()
+    if form["mode"] == "set":
+        raise SeenFormError("a seen-set moves from a plain set into 'exact' or 'bloom' only")
+    current = await stored_form(server, keys)
+    if current is not None:
+        raise SeenFormError(f"the seen-set is already in {current['mode']!r} form")
+    script = server.register_script(lua.load("seen").source)
+    encoded = json.dumps(form)
+    moved, batch = 0, []
+    async for member in server.sscan_iter(keys.dupefilter, count=_SCAN_COUNT):
+        batch.append(member)
+        if len(batch) >= _MIGRATE_BATCH:
+            await script(keys=[keys.dupefilter], args=[encoded, *batch])
+            moved += len(batch)
+            batch = []
+    if batch:
+        await script(keys=[keys.dupefilter], args=[encoded, *batch])
+        moved += len(batch)
+    # the form is recorded before the set goes: a failure between the two leaves both
+    await server.set(_conf_key(keys), encoded)
+    await server.delete(keys.dupefilter)
+    return moved

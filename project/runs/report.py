@@ -1,0 +1,269 @@
+"""The report of a finished crawl run: stored in MongoDB, printed, compared, alerted on.
+
+The node that ends a run (project/runs/tracker.py) marks the spider's items that the run did
+not see as gone, counts what is stored, writes the report into ``MONGO_RUNS_COLLECTION``
+(``crawl_runs``) and compares it with the spider's previous run. A threshold it fails
+(``RUNS_MAX_ITEM_DROP``, ``RUNS_MAX_COVERAGE_DROP``, ``RUNS_MAX_ERROR_RATE``) is an ERROR and,
+with ``RUNS_WEBHOOK_URL``, a JSON POST there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from project.config import read_settings, setting
+from project.storage.config import MongoConfig
+from project.utils import mask_url
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from pymongo.asynchronous.database import AsyncDatabase
+    from scrapy.settings import BaseSettings
+
+__all__ = ["RunsConfig", "finish_run", "render_report"]
+
+logger = logging.getLogger(__name__)
+
+#: Ids per update: FerretDB 1.24 hangs on an update that modifies 100 or more documents.
+_IDS_PER_UPDATE = 50
+_WEBHOOK_TIMEOUT = 10.0
+_Document = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunsConfig:
+    """RUNS_*: crawl runs, their report and its alerts."""
+
+    enabled: bool = setting("RUNS_ENABLED", True)
+    mark_gone: bool = setting("RUNS_MARK_GONE", True)
+    max_item_drop: float = setting("RUNS_MAX_ITEM_DROP", 0.2)
+    max_coverage_drop: float = setting("RUNS_MAX_COVERAGE_DROP", 0.2)
+    max_error_rate: float = setting("RUNS_MAX_ERROR_RATE", 0.1)
+    webhook_url: str = setting("RUNS_WEBHOOK_URL", "")
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        return cls(**read_settings(cls, settings))
+
+
+def _total(counts: dict[str, float], *names: str) -> int:
+    return int(sum(counts.get(name, 0) for name in names))
+
+
+def _summed(nodes: dict[str, dict[str, Any]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for values in nodes.values():
+        if not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def _coverage(counts: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Share of the items of each collection that had each field (``coverage/<c>/<field>``)."""
+    found: dict[str, dict[str, float]] = {}
+    for key, value in counts.items():
+        parts = key.split("/", 2)
+        if len(parts) != 3 or parts[0] != "coverage" or parts[2] == "items":
+            continue
+        items = counts.get(f"coverage/{parts[1]}/items", 0)
+        if items:
+            found.setdefault(parts[1], {})[parts[2]] = round(value / items, 4)
+    return found
+
+
+async def _item_collections(database: AsyncDatabase[_Document], config: MongoConfig) -> list[str]:
+    """Collections holding items of this spider (a 304-only run wrote none of them)."""
+    own = {config.rejects_collection, config.failures_collection, config.changes_collection,
+           config.runs_collection}  # fmt: skip
+    names = []
+    for name in sorted(await database.list_collection_names()):
+        if name in own or name.startswith("system."):
+            continue
+        if await database[name].find_one({"source_spider": config.spider}, {"_id": 1}):
+            names.append(name)
+    return names
+
+
+async def _mark_gone(
+    database: AsyncDatabase[_Document], config: MongoConfig, name: str, run_id: str,
+    started: datetime, ended: datetime,
+) -> int:  # fmt: skip
+    """Items of the spider the run did not see: ``gone_at``, and a change each."""
+    collection = database[name]
+    query = {"source_spider": config.spider, "last_seen": {"$lt": started},
+             "gone_at": {"$exists": False}}  # fmt: skip
+    keys = [doc["_id"] async for doc in collection.find(query, {"_id": 1})]
+    for start in range(0, len(keys), _IDS_PER_UPDATE):
+        chunk = keys[start : start + _IDS_PER_UPDATE]
+        await collection.update_many({"_id": {"$in": chunk}}, {"$set": {"gone_at": ended}})
+        changes = [
+            {"_id": f"{key}|gone_at|{run_id}|{name}", "item_id": key, "collection": name,
+             "field": "gone_at", "old": None, "new": ended, "at": ended, "crawl_id": run_id,
+             "spider": config.spider}
+            for key in chunk
+        ]  # fmt: skip
+        for doc in changes:
+            # an earlier attempt at this report may have recorded it
+            with contextlib.suppress(DuplicateKeyError):
+                await database[config.changes_collection].insert_one(doc)
+    return len(keys)
+
+
+def _compare(report: _Document, previous: _Document | None, config: RunsConfig) -> list[str]:
+    """The thresholds this run fails."""
+    alerts = []
+    rate = report["error_rate"]
+    if rate > config.max_error_rate:
+        alerts.append(f"error rate {rate:.1%} above {config.max_error_rate:.1%}")
+    if previous is None:
+        return alerts
+    before, now = previous.get("items", {}).get("stored", 0), report["items"]["stored"]
+    if before and (before - now) / before > config.max_item_drop:
+        alerts.append(
+            f"items stored fell {(before - now) / before:.1%} ({before} -> {now}),"
+            f" more than {config.max_item_drop:.0%}"
+        )
+    old_coverage = previous.get("coverage", {})
+    for name, fields in report["coverage"].items():
+        for field, share in fields.items():
+            was = old_coverage.get(name, {}).get(field)
+            if isinstance(was, int | float) and was - share > config.max_coverage_drop:
+                alerts.append(
+                    f"{name}.{field} coverage fell from {was:.0%} to {share:.0%},"
+                    f" more than {config.max_coverage_drop:.0%}"
+                )
+    return alerts
+
+
+def _post(url: str, body: bytes) -> None:
+    request = urllib.request.Request(  # noqa: S310 (the operator's own webhook URL)
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=_WEBHOOK_TIMEOUT) as answer:  # noqa: S310
+        answer.read()
+
+
+async def finish_run(
+    settings: BaseSettings, spider: str, run_id: str, started: float, ended: float,
+    nodes: dict[str, dict[str, Any]], config: RunsConfig,
+) -> _Document | None:  # fmt: skip
+    """Mark what is gone, store and print the run's report, alert on failed thresholds."""
+    counts = _summed(nodes)
+    pages = _total(counts, "downloader/response_count")
+    if not pages:
+        logger.info("Crawl run %s fetched nothing: no report", run_id)
+        return None
+    mongo = MongoConfig.from_settings(settings, spider_name=spider)
+    client: AsyncMongoClient[_Document] = AsyncMongoClient(
+        mongo.uri, serverSelectionTimeoutMS=int(mongo.server_selection_timeout * 1000),
+        tz_aware=True, appname="fleetcrawl-report",
+    )  # fmt: skip
+    try:
+        database = client[mongo.database]
+        start_at = datetime.fromtimestamp(started, UTC)
+        end_at = datetime.fromtimestamp(ended, UTC)
+        collections = await _item_collections(database, mongo)
+        gone = 0
+        complete = not counts.get("mongo/journaled")  # journaled items are not in MongoDB yet
+        if config.mark_gone and complete:
+            for name in collections:
+                gone += await _mark_gone(database, mongo, name, run_id, start_at, end_at)
+        stored = 0
+        for name in collections:
+            stored += await database[name].count_documents(
+                {"source_spider": spider, "gone_at": {"$exists": False}}
+            )
+        errors = _total(counts, "downloader/exception_count", "frontier/dead") + int(
+            sum(v for k, v in counts.items() if k.startswith("downloader/response_status_count/5"))
+        )
+        requests = max(1, _total(counts, "downloader/request_count"))
+        report: _Document = {
+            "_id": run_id, "spider": spider, "started": start_at, "ended": end_at,
+            "duration_seconds": round(ended - started, 1), "nodes": len(nodes), "pages": pages,
+            "bytes": _total(counts, "downloader/response_bytes"),
+            "not_modified": _total(counts, "revisit/not_modified"),
+            "revisits": {"changed": _total(counts, "revisit/changed"),
+                         "unchanged": _total(counts, "revisit/unchanged")},
+            "items": {"inserted": _total(counts, "mongo/inserted"),
+                      "updated": _total(counts, "mongo/updated"),
+                      "unchanged": _total(counts, "mongo/unchanged"),
+                      "touched": _total(counts, "mongo/touched"),
+                      "gone": gone, "stored": stored},
+            "changes": _total(counts, "mongo/changes") + gone,
+            "rejects": _total(counts, "validation/dropped", "mongo/rejected"),
+            "dead_letters": _total(counts, "frontier/dead"),
+            "errors": errors, "error_rate": round(errors / requests, 4),
+            "coverage": _coverage(counts), "gone_marked": config.mark_gone and complete,
+        }  # fmt: skip
+        previous = await database[mongo.runs_collection].find_one(
+            {"spider": spider, "_id": {"$ne": run_id}}, sort=[("ended", -1)]
+        )
+        report["previous"] = previous["_id"] if previous else None
+        report["alerts"] = _compare(report, previous, config)
+        try:
+            await database[mongo.runs_collection].insert_one(report)
+        except DuplicateKeyError:
+            await database[mongo.runs_collection].replace_one({"_id": run_id}, report)
+    except PyMongoError as exc:
+        logger.error("could not write the report of crawl run %s: %s", run_id, exc)
+        return None
+    finally:
+        await client.close()
+    for line in render_report(report, previous).splitlines():
+        logger.info("%s", line)
+    for alert in report["alerts"]:
+        logger.error("Crawl run %s: %s", run_id, alert)
+    if report["alerts"] and config.webhook_url:
+        body = json.dumps({"run": run_id, "spider": spider, "alerts": report["alerts"],
+                           "report": report}, default=str).encode()  # fmt: skip
+        try:
+            await asyncio.to_thread(_post, config.webhook_url, body)
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            logger.error("could not post the alerts to %s: %s", mask_url(config.webhook_url), exc)
+    return report
+
+
+def _delta(now: float, before: Any) -> str:
+    if not isinstance(before, int | float):
+        return ""
+    return f" ({now - before:+g})"
+
+
+def render_report(report: _Document, previous: _Document | None = None) -> str:
+    """The report as a few lines of text, with the previous run's figures beside."""
+    prev = previous or {}
+    items, old_items = report["items"], prev.get("items", {})
+    lines = [
+        f"Crawl run {report['_id']} of {report['spider']}: {report['duration_seconds']}s,"
+        f" {report['nodes']} node(s)"
+        + (f", compared with {report['previous']}" if report.get("previous") else ""),
+        (f"  pages {report['pages']}{_delta(report['pages'], prev.get('pages'))},"
+         f" bytes {report['bytes']}{_delta(report['bytes'], prev.get('bytes'))},"
+         f" not modified (304) {report['not_modified']}"),
+        "  items: " + ", ".join(
+            f"{name} {items[name]}{_delta(items[name], old_items.get(name))}"
+            for name in ("inserted", "updated", "unchanged", "touched", "gone", "stored")
+        ),
+        (f"  rejects {report['rejects']}, dead letters {report['dead_letters']},"
+         f" errors {report['errors']} ({report['error_rate']:.1%})"),
+    ]  # fmt: skip
+    for name, fields in sorted(report["coverage"].items()):
+        shown = ", ".join(f"{field} {share:.0%}" for field, share in sorted(fields.items()))
+        lines.append(f"  coverage of {name}: {shown}")
+    lines += [f"  ALERT: {alert}" for alert in report.get("alerts", [])]
+    return "\n".join(lines)
