@@ -254,6 +254,6 @@ def test_project_package_is_one_folder_per_capability() -> None:
         p.name for p in Path(project.__file__).parent.iterdir() if not p.name.startswith("__")
     )
     assert top == [
-        "addon.py", "config.py", "frontier", "items.py", "monitoring", "ops", "rendering",
+        "addon.py", "config.py", "frontier", "items.py", "monitoring", "ops", "rendering", "runs",
         "schema.py", "settings.py", "storage", "templates", "utils.py",
     ]  # fmt: skip
