@@ -94,6 +94,13 @@ def _conf_key(keys: FrontierKeys) -> str:
     return keys.dupefilter + ":conf"
 
 
+async def _prepare(server: Redis, keys: FrontierKeys, form: dict[str, Any]) -> None:
+    """Allocate a Bloom filter at its size at once (lua/lib/seen.lua's seen_prepare)."""
+    if form["mode"] == "bloom":
+        script = server.register_script(lua.load("seen").source)
+        await script(keys=[keys.dupefilter], args=[json.dumps({**form, "do": "prepare"})])
+
+
 async def stored_form(server: Redis, keys: FrontierKeys) -> dict[str, Any] | None:
     """The form recorded for this crawl's seen-set, or None (a plain set, or none yet)."""
     raw = await server.get(_conf_key(keys))
@@ -123,7 +130,8 @@ async def ensure_form(server: Redis, keys: FrontierKeys, config: SeenConfig) -> 
                 f" {wanted['mode']!r}: move it with `fleetcrawl seen migrate {keys.spider}"
                 f" --to {wanted['mode']}` (nodes stopped), or set FRONTIER_SEEN_MODE = 'set'"
             )
-        await server.set(_conf_key(keys), json.dumps(wanted), nx=True)
+        if await server.set(_conf_key(keys), json.dumps(wanted), nx=True):
+            await _prepare(server, keys, wanted)
         form = await stored_form(server, keys)
     if form is None:
         return {"mode": "set"}
@@ -156,6 +164,7 @@ async def migrate(server: Redis, keys: FrontierKeys, config: SeenConfig) -> int:
         raise SeenFormError(f"the seen-set is already in {current['mode']!r} form")
     script = server.register_script(lua.load("seen").source)
     encoded = json.dumps(form)
+    await _prepare(server, keys, form)
     moved, batch = 0, []
     async for member in server.sscan_iter(keys.dupefilter, count=_SCAN_COUNT):
         batch.append(member)

@@ -1,4 +1,5 @@
-"""The ``fleetcrawl`` command: services, status, dashboard, failures, scrapyd nodes."""
+"""The ``fleetcrawl`` command: services, status, dashboard, failures, changes, runs, seen-set,
+scrapyd nodes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from project.ops import scrapyd
+from project.ops import recurring, scrapyd
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -198,6 +199,12 @@ def _port(text: str) -> int:
     return value
 
 
+def _setting_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-s", "--set", action="append", metavar="NAME=VALUE", help="override a setting"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetcrawl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -224,9 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     failures.add_argument("--json", action="store_true")
     failures.set_defaults(func=_failures)
     for command in (status, dashboard, failures):
-        command.add_argument(
-            "-s", "--set", action="append", metavar="NAME=VALUE", help="override a setting"
-        )
+        _setting_option(command)
+    recurring.register(sub, _setting_option)
     for name, func, text in (
         ("services", _services, "start|stop|status the local Redis and FerretDB"),
     ):

@@ -375,6 +375,7 @@ def _schedule_command(args: argparse.Namespace) -> int:
     nodes = load_nodes(args.nodes_file, timeout=args.timeout)
     fields = [("project", args.project), ("spider", args.spider)]
     fields += [("setting", setting) for setting in args.settings]
+    started: dict[str, list[str]] = {}
 
     def start_jobs(node: ScrapydNode) -> str:
         jobs: list[str] = []
@@ -385,9 +386,34 @@ def _schedule_command(args: argparse.Namespace) -> int:
                 if not jobs:
                     raise
                 raise NodeError(f"started {len(jobs)} of {args.per_node} jobs, then {exc}") from exc
+            finally:
+                started[str(node)] = list(jobs)
         return f"scheduled {args.spider}: {', '.join(jobs)}"
 
-    return _for_each(nodes, start_jobs)
+    if args.every is None:
+        return _for_each(nodes, start_jobs)
+
+    def running() -> int:
+        """Jobs of the last round not finished yet (a node that cannot answer counts its all)."""
+        left = 0
+        for node in nodes:
+            jobs = set(started.get(str(node), []))
+            try:
+                done = {
+                    job["id"] for job in node.get("listjobs.json", project=args.project)["finished"]
+                }
+            except (NodeError, KeyError, TypeError):
+                done = set()
+            left += len(jobs - done)
+        return left
+
+    def one_round() -> int:
+        started.clear()
+        return _for_each(nodes, start_jobs)
+
+    from project.ops.recurring import every
+
+    return every(args, one_round, running)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -430,6 +456,20 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
     return value
+
+
+def _duration(text: str) -> float:
+    from scrapy.exceptions import NotConfigured
+
+    from project.frontier.revisit import parse_duration
+
+    try:
+        seconds = parse_duration(text, "--every")
+    except NotConfigured as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("--every must be above 0")
+    return seconds
 
 
 def positive_seconds(text: str) -> float:
@@ -518,5 +558,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="NAME=VALUE",
         help="Scrapy setting for the jobs (repeatable); keep secrets in the scrapyd environment",
+    )
+    schedule.add_argument(
+        "--every",
+        type=_duration,
+        metavar="DURATION",
+        help="start a crawl every DURATION (90, 30m, 6h, 1d) until stopped; a round whose"
+        " crawl still runs at the next start is skipped",
+    )
+    schedule.add_argument(
+        "--rounds", type=positive_int, metavar="N", help="with --every: stop after N rounds (the last crawl awaited)"
+    )
+    schedule.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="URL_OR_JSON",
+        help="with --every: pushed to the spider's start_urls before each crawl (repeatable)",
     )
     schedule.set_defaults(func=_run(_schedule_command))

@@ -5,14 +5,24 @@
 
   Input:
     KEYS[1]  dupefilter  the seen-set (SCHEDULER_DUPEFILTER_KEY)
-    ARGV[1]  the form, JSON (lib/seen.lua's cfg)
+    ARGV[1]  the form, JSON (lib/seen.lua's cfg), and what to do: {"do": "mark"} (the
+             default) marks them, "test" only looks, "prepare" allocates a Bloom filter
     ARGV[2..] raw fingerprints
-  Output: how many of them were new
+  Output: mark: how many of them were new; test: how many were seen; prepare: 0
 ]]
 --@include lib/chunked.lua
 --@include lib/seen.lua
 
+local cfg = cjson.decode(ARGV[1])
 local fps = {}
 for i = 2, #ARGV do fps[#fps + 1] = ARGV[i] end
-local _, new = seen_mark(fps, cjson.decode(ARGV[1]))
+if cfg['do'] == 'prepare' then
+    seen_prepare(cfg)
+    return 0
+elseif cfg['do'] == 'test' then
+    local seen = 0
+    for _, flag in ipairs(seen_test(fps, cfg)) do if flag then seen = seen + 1 end end
+    return seen
+end
+local _, new = seen_mark(fps, cfg)
 return new

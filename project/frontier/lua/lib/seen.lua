@@ -36,10 +36,13 @@ local function exact_place(fp, buckets)
     local bucket = ((b[1] * 256 + b[2]) * 256 + b[3]) % buckets
     local member = b[4] % 32 -- 5 + 6 * 8 = 53 bits
     for i = 5, 10 do member = member * 256 + b[i] end
-    return K.dupefilter .. ':' .. bucket, string.format('%.0f', member % SEEN_MEMBER_SPAN)
+    -- a Lua number reaches Redis as %.17g: an integer below 2^53 as its digits
+    return K.dupefilter .. ':' .. bucket, member % SEEN_MEMBER_SPAN
 end
 
-local function bloom_place(fp, cfg)
+-- The Bloom part of `fp` and BITFIELD arguments for its k bits: `op` 'SET' (each bit to 1,
+-- replying the old ones) or 'GET'
+local function bloom_place(fp, cfg, op)
     local b = fp_bytes(fp)
     local h1 = ((b[1] * 256 + b[2]) * 256 + b[3]) * 256 + b[4]
     local h2 = ((b[5] * 256 + b[6]) * 256 + b[7]) * 256 + b[8]
@@ -47,13 +50,17 @@ local function bloom_place(fp, cfg)
     local args = {}
     for i = 0, cfg.k - 1 do
         -- below 2^32 * (1 + k) + k^3: exact in doubles for any k a setting allows
-        local at = (h1 + i * h2 + (i * i * i - i) / 6) % cfg.bits
-        args[#args + 1] = 'SET'
+        args[#args + 1] = op
         args[#args + 1] = 'u1'
-        args[#args + 1] = string.format('%.0f', at)
-        args[#args + 1] = 1
+        args[#args + 1] = (h1 + i * h2 + (i * i * i - i) / 6) % cfg.bits
+        if op == 'SET' then args[#args + 1] = 1 end
     end
     return K.dupefilter .. ':bloom:' .. part, args
+end
+
+local function all_set(bits)
+    for _, bit in ipairs(bits) do if bit == 0 then return false end end
+    return true
 end
 
 local function seen_mark(fps, cfg)
@@ -79,16 +86,49 @@ local function seen_mark(fps, cfg)
             flags[j] = redis.call('SADD', key, member) == 0
         else
             -- SET returns each bit's old value: all of them set means seen (or a false positive)
-            local key, args = bloom_place(fp, cfg)
-            local old = redis.call('BITFIELD', key, unpack(args))
-            local all = true
-            for _, bit in ipairs(old) do if bit == 0 then all = false break end end
-            flags[j] = all
+            local key, args = bloom_place(fp, cfg, 'SET')
+            flags[j] = all_set(redis.call('BITFIELD', key, unpack(args)))
         end
         if not flags[j] then new = new + 1 end
     end
     if new > 0 then redis.call('INCRBY', K.dupefilter .. ':n', new) end
     return flags, new
+end
+
+-- Only whether each fingerprint was seen, marking nothing: {true/false, ...}
+local function seen_test(fps, cfg)
+    local flags = {}
+    for j, fp in ipairs(fps) do
+        if cfg.mode == 'exact' then
+            local key, member = exact_place(fp, cfg.buckets)
+            flags[j] = redis.call('SISMEMBER', key, member) == 1
+        elseif cfg.mode == 'bloom' then
+            local key, args = bloom_place(fp, cfg, 'GET')
+            flags[j] = all_set(redis.call('BITFIELD', key, unpack(args)))
+        else
+            flags[j] = redis.call('SISMEMBER', K.dupefilter, fp) == 1
+        end
+    end
+    return flags
+end
+
+local PRESIZE_MAX = 64 * 1024 * 1024 -- bytes: larger parts grow by 1 MiB at most past it
+
+-- Allocate a Bloom filter's parts at their size at once: a string grown bit by bit
+-- doubles its allocation below 1 MiB (sds' greedy growth)
+local function seen_prepare(cfg)
+    if cfg.mode ~= 'bloom' then return end
+    local bytes = math.ceil(cfg.bits / 8)
+    for p = 0, cfg.parts - 1 do
+        local key = K.dupefilter .. ':bloom:' .. p
+        if redis.call('EXISTS', key) == 0 then
+            if bytes <= PRESIZE_MAX then
+                redis.call('SET', key, string.rep('\0', bytes))
+            else
+                redis.call('SETBIT', key, cfg.bits - 1, 0)
+            end
+        end
+    end
 end
 
 -- Delete the seen-set of the form `cfg` describes (its count and its record of the form too).
