@@ -10,10 +10,12 @@ with ``RUNS_WEBHOOK_URL``, a JSON POST there.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -151,8 +153,21 @@ def _compare(report: _Document, previous: _Document | None, config: RunsConfig) 
 
 
 def _post(url: str, body: bytes) -> None:
-    request = urllib.request.Request(  # noqa: S310 (the operator's own webhook URL)
-        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    """POST *body* as JSON; credentials in the URL go as HTTP basic authentication."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL: {parts.scheme!r}")
+    headers = {"Content-Type": "application/json"}
+    if parts.username is not None or parts.password is not None:
+        pair = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+        url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    request = urllib.request.Request(  # noqa: S310 (the operator's own http(s) webhook)
+        url, data=body, headers=headers, method="POST"
     )
     with urllib.request.urlopen(request, timeout=_WEBHOOK_TIMEOUT) as answer:  # noqa: S310
         answer.read()
@@ -179,7 +194,10 @@ async def finish_run(
         end_at = datetime.fromtimestamp(ended, UTC)
         collections = await _item_collections(database, mongo)
         gone = 0
-        complete = not counts.get("mongo/journaled")  # journaled items are not in MongoDB yet
+        # A whole crawl: it began from the seeds (a keep-alive fleet's run of due revisits
+        # fetches only those), and no item waits in a journal (not in MongoDB yet)
+        seeded = _total(counts, "frontier/seeds/accepted", "frontier/start/requests") > 0
+        complete = seeded and not counts.get("mongo/journaled")
         if config.mark_gone and complete:
             for name in collections:
                 gone += await _mark_gone(database, mongo, name, run_id, start_at, end_at)

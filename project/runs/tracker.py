@@ -103,11 +103,15 @@ class RunTracker:
             if not keep_alive:
                 await self._join()
                 return
+            leased = 0.0
             while True:  # a keep-alive node: a run per stretch of work
-                loop = scheduler.loop
-                if self.run_id is None and loop is not None and loop.held:
+                loop, stats = scheduler.loop, self.crawler.stats
+                assert stats is not None
+                now = stats.get_value("frontier/leased", 0)
+                worked, leased = now > leased, now
+                if self.run_id is None and (worked or (loop is not None and loop.held)):
                     await self._join()
-                elif self.run_id is not None and loop is not None and loop.fleet_idle:
+                elif self.run_id is not None and not worked and loop is not None and loop.fleet_idle:
                     await self._leave()
                 await asyncio.sleep(_CHECK_SECONDS)
 

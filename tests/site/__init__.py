@@ -7,6 +7,12 @@ catalogue (``/api/``, :mod:`tests.site.api`), an article site (``/articles/``,
 :mod:`tests.site.articles`), a book site (``/books/``, :mod:`tests.site.books`) and the
 sitemaps that list the last two (``/sitemap.xml``, named by robots.txt,
 :mod:`tests.site.sitemaps`).
+
+The catalogue is that of one epoch (``--epoch``, or ``/_epoch?set=N`` while it runs): each
+epoch reprices, restocks, removes and adds a few products of the one before
+(:mod:`tests.site.epochs`), and the shop's pages carry ETag and Last-Modified and answer
+conditional requests with a 304 (:mod:`tests.site.conditional`), so a test can crawl the shop
+twice and know exactly what changed in between.
 """
 
 from __future__ import annotations

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "KINDS",
     "Catalogue",
     "Category",
     "Product",
+    "draw_product",
     "generate_catalogue",
 ]
 
@@ -91,6 +96,10 @@ class Catalogue:
     seed: int
     products: tuple[Product, ...]
     categories: tuple[Category, ...]
+    #: Products of the catalogue this one is an epoch of (0: none, it is epoch 0). Listings draw
+    #: their related products from ids up to it, so an epoch changes a listing's related links
+    #: only where it removes one of them (:mod:`tests.site.epochs`).
+    base_products: int = 0
     _by_id: dict[int, Product] = field(init=False, repr=False, compare=False)
     _by_slug: dict[str, Category] = field(init=False, repr=False, compare=False)
 
@@ -147,25 +156,15 @@ def generate_catalogue(
 
     products = []
     for product_id in ids:
-        cats = memberships[product_id]
-        euros, cents = divmod(rng.randint(199, 99_999), 100)
-        price = f"{euros}.{cents:02d}"
-        kind = kinds.get(product_id, "plain")
+        drawn = draw_product(
+            rng, product_id, [(slugs[c], names[c]) for c in memberships[product_id]]
+        )
         products.append(
-            Product(
-                id=product_id,
-                name=f"{rng.choice(_PRODUCT_ADJECTIVES)} {rng.choice(_PRODUCT_MATERIALS)} {rng.choice(_PRODUCT_NOUNS)}",
-                price=price,
-                currency=rng.choice(_CURRENCIES),
-                sku=f"SKU-{product_id:06d}",
-                availability="in stock" if rng.random() < 0.8 else "out of stock",
-                description=" ".join(rng.sample(_DESCRIPTION_SENTENCES, rng.randint(2, 3))),
-                breadcrumb=("Home", names[cats[0]]),
-                images=tuple(f"/img/{product_id}-{k}.jpg" for k in range(1, rng.randint(2, 3) + 1)),
-                categories=tuple(slugs[c] for c in cats),
-                kind=kind,
+            replace(
+                drawn,
+                kind=kinds.get(product_id, "plain"),
                 slow=product_id in slow,
-                page_price=garbage.get(product_id, price),
+                page_price=garbage.get(product_id, drawn.price),
             )
         )
     members: list[list[int]] = [[] for _ in slugs]
@@ -177,6 +176,27 @@ def generate_catalogue(
         for slug, name, pids in zip(slugs, names, members, strict=True)
     )
     return Catalogue(seed=seed, products=tuple(products), categories=categories)
+
+
+def draw_product(
+    rng: random.Random, product_id: int, categories: Sequence[tuple[str, str]]
+) -> Product:
+    """A plain product drawn from *rng*, in *categories* (``(slug, name)``, primary first)."""
+    euros, cents = divmod(rng.randint(199, 99_999), 100)
+    price = f"{euros}.{cents:02d}"
+    return Product(
+        id=product_id,
+        name=f"{rng.choice(_PRODUCT_ADJECTIVES)} {rng.choice(_PRODUCT_MATERIALS)} {rng.choice(_PRODUCT_NOUNS)}",
+        price=price,
+        currency=rng.choice(_CURRENCIES),
+        sku=f"SKU-{product_id:06d}",
+        availability="in stock" if rng.random() < 0.8 else "out of stock",
+        description=" ".join(rng.sample(_DESCRIPTION_SENTENCES, rng.randint(2, 3))),
+        breadcrumb=("Home", categories[0][1]),
+        images=tuple(f"/img/{product_id}-{k}.jpg" for k in range(1, rng.randint(2, 3) + 1)),
+        categories=tuple(slug for slug, _ in categories),
+        page_price=price,
+    )
 
 
 def _category_names(rng: random.Random, count: int) -> list[str]:

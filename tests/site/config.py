@@ -6,6 +6,8 @@ import argparse
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from tests.site.epochs import MAX_EPOCH
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -46,6 +48,14 @@ class ShopConfig:
     #: Books of the book site (``/books/``) and articles of the article site (``/articles/``).
     books: int = 300
     articles: int = 60
+    #: Epoch of the catalogue served at start (0: the generated one; see tests.site.epochs) and
+    #: what each epoch changes: shares of the plain products repriced, flipping availability
+    #: and removed, and the share of the product count added.
+    epoch: int = 0
+    epoch_price_share: float = 0.10
+    epoch_stock_share: float = 0.05
+    epoch_added: float = 0.02
+    epoch_removed: float = 0.02
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready copy, as shown in ``/_stats``."""
@@ -74,6 +84,13 @@ def _duration(text: str) -> float:
     value = float(text)
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
+
+
+def _epoch(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_EPOCH:
+        raise argparse.ArgumentTypeError(f"{text!r} is not within [0, {MAX_EPOCH}]")
     return value
 
 
@@ -161,6 +178,38 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_count,
         default=60,
         help="articles under /articles/ (default: %(default)s)",
+    )
+    add(
+        "--epoch",
+        type=_epoch,
+        default=0,
+        help="epoch of the catalogue served at start; 0 is the generated one, each later one"
+        " changes the one before (default: %(default)s)",
+    )
+    add(
+        "--epoch-price-share",
+        type=_share,
+        default=0.10,
+        help="share of the plain products each epoch reprices (default: %(default)s)",
+    )
+    add(
+        "--epoch-stock-share",
+        type=_share,
+        default=0.05,
+        help="share of the plain products whose availability each epoch flips"
+        " (default: %(default)s)",
+    )
+    add(
+        "--epoch-added",
+        type=_share,
+        default=0.02,
+        help="products each epoch adds, as a share of its product count (default: %(default)s)",
+    )
+    add(
+        "--epoch-removed",
+        type=_share,
+        default=0.02,
+        help="share of the plain products each epoch removes (default: %(default)s)",
     )
     return parser
 

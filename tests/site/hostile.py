@@ -72,6 +72,7 @@ class HugeBody:
     def _write(self, data: bytes) -> None:
         self._request.write(data)
         self._stats.hostile_sent["huge"] += len(data)
+        self._stats.body_bytes += len(data)
 
 
 def stall(
@@ -86,10 +87,12 @@ def stall(
     and nothing at all once the client is gone."""
     request.write(head)
     stats.hostile_sent["stall"] += len(head)
+    stats.body_bytes += len(head)
 
     def complete() -> None:
         request.write(tail)
         stats.hostile_sent["stall"] += len(tail)
+        stats.body_bytes += len(tail)
         stats.hostile_completed["stall"] += 1
         request.finish()
 

@@ -189,13 +189,20 @@ def _product_link(css_class: str, href: str, catalogue: Catalogue, product_id: i
 
 
 def _related_ids(catalogue: Catalogue, category: Category, page: int) -> list[int]:
-    """2-3 products that are not in ``category``, stable for one listing page."""
+    """2-3 products that are not in ``category``, stable for one listing page (and across
+    epochs: drawn from the ids of epoch 0, the removed ones passed over)."""
     rng = random.Random(_pick(catalogue.seed, "related", category.slug, page))
     wanted = rng.randint(2, 3)
+    span = catalogue.base_products or len(catalogue.products)
     found: list[int] = []
     for _ in range(20 * wanted):
-        candidate = catalogue.products[rng.randrange(len(catalogue.products))]
-        if category.slug not in candidate.categories and candidate.id not in found:
+        # Epoch 0's ids are 1..n in order: the same draw as indexing its products.
+        candidate = catalogue.product(rng.randrange(span) + 1) if span else None
+        if (
+            candidate is not None
+            and category.slug not in candidate.categories
+            and candidate.id not in found
+        ):
             found.append(candidate.id)
             if len(found) == wanted:
                 break

@@ -23,3 +23,6 @@ class Reply:
     content_type: bytes = HTML
     headers: dict[bytes, bytes] = field(default_factory=dict)
     extra_delay: float = 0.0
+    #: The epoch since which the page has shown the same: set, the page carries validators
+    #: and may be answered 304 (:mod:`tests.site.conditional`).
+    changed: int | None = None

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from tests.site.api import CATEGORIES_PATH, MAX_BODY_BYTES, PRODUCTS_PATH, Catal
 from tests.site.articles import generate_journal
 from tests.site.books import generate_library
 from tests.site.catalogue import KINDS, generate_catalogue
+from tests.site.conditional import entity_tag, http_date, last_modified, not_modified
+from tests.site.epochs import CatalogueHistory, EpochShares
 from tests.site.hostile import HugeBody, stall
 from tests.site.pages import (
     HOSTILE_PAGES,
@@ -42,6 +45,7 @@ from tests.site.sitemaps import INDEX_PATH, Sitemaps
 from tests.site.stats import ShopStats
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
     from email.message import Message
     from types import TracebackType
 
@@ -65,52 +69,67 @@ _IMAGE_PATH = re.compile(r"/img/(\d+)-(\d+)\.jpg")
 _HOSTILE_NAMES = {path: name for name, path in HOSTILE_PAGES.items()}
 #: Path prefixes of the sections beyond the shop (:meth:`ShopResource._section`).
 _SECTIONS = ("/api/", "/sitemap", "/articles/", "/books/")
+#: Product kinds whose pages carry no validators (see :class:`ShopResource`).
+_UNVALIDATED_KINDS = frozenset({"js", "flaky", "broken"})
 
 
 class ShopResource(Resource):
-    """Serves every page of the shop; control endpoints start with ``/_`` and are not counted."""
+    """Serves every page of the shop; control endpoints start with ``/_`` and are not counted.
+
+    The catalogue served is that of one epoch (:mod:`tests.site.epochs`), ``--epoch`` at start,
+    another from ``/_epoch?set=N`` on. Validators and 304s (:mod:`tests.site.conditional`) are
+    on the home page, every listing page, the product pages of the plain and malformed kinds
+    (slow or not) and the sitemaps. Without them: js product pages (Chromium renders them, and
+    its cache must not turn a test's second render into a 304), flaky and broken ones (their
+    answer changes from one request to the next), the 429s of the burst, every error, robots.txt,
+    the images, the API, the book and article sites and the hostile pages.
+    """
 
     isLeaf = True
 
     def __init__(self, config: ShopConfig, catalogue: Catalogue, clock: PosixReactorBase) -> None:
         super().__init__()
         self._config = config
-        self._catalogue = catalogue
         self._clock = clock
         self._stats = ShopStats()
-        self._root_html = render_root(catalogue).encode()
+        shares = EpochShares(
+            price=config.epoch_price_share,
+            stock=config.epoch_stock_share,
+            added=config.epoch_added,
+            removed=config.epoch_removed,
+        )
+        self._history = CatalogueHistory(catalogue, shares)
         # The book and article sites, the sitemaps and the API: nothing of the shop links them.
         self._library = generate_library(config.books, config.seed)
         self._journal = generate_journal(config.articles, config.seed)
         self._sitemaps = Sitemaps(self._journal, self._library)
-        self._api = CatalogueApi(catalogue, config.page_size)
-        self._catalogue_json = json.dumps(
-            _catalogue_payload(catalogue, config.page_size, self._library, self._journal)
-        ).encode()
+        self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
+        #: The last ``/_catalogue`` answered, by (epoch, since): tests ask for it again and again.
+        self._payload: tuple[tuple[int, int | None], bytes] | None = None
+        self._serve(config.epoch)
+
+    def _serve(self, epoch: int) -> None:
+        """Serve the catalogue of *epoch* from now on; a ``ValueError`` if there is none."""
+        catalogue = self._history.at(epoch)
+        self._epoch = epoch
+        self._catalogue = catalogue
+        self._root_html = render_root(catalogue).encode()
+        self._api = CatalogueApi(catalogue, self._config.page_size)
         self._expected = {kind: catalogue.ids_of_kind(kind) for kind in KINDS}
         self._expected["slow"] = [p.id for p in catalogue.products if p.slow]
-        self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
 
     def render(self, request: Request) -> bytes | int:
         """Answer one request, after the configured latency."""
         path = request.path.decode("utf-8", "replace")
-        if path == "/_stats":
-            payload = {"products": len(self._catalogue.products), **self._stats.as_dict()}
-            payload.update(config=self._config.as_dict(), expected=self._expected)
-            payload["hostile_links"] = [href for _, href in self._hostile_links]
-            return self._json(request, payload)
-        if path == "/_reset":
-            self._stats.reset()
-            return self._json(request, {"reset": True})
-        if path == "/_timeline":
-            return self._json(request, self._stats.timeline_dict())
-        if path == "/_catalogue":
-            request.setHeader(b"content-type", JSON)
-            return self._catalogue_json
+        if path.startswith("/_") and (control := self._control(request, path)) is not None:
+            return control
 
         match = _PRODUCT_PATH.fullmatch(path)
         product_id = int(match.group(1)) if match else None
         timed = self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
+        headers = request.requestHeaders
+        if headers.hasHeader(b"if-none-match") or headers.hasHeader(b"if-modified-since"):
+            self._stats.conditional += 1
         # Fires once the response is written to its end (at once without latency, in _finish
         # after it, when a hostile page ends) or when the client went away first (_cancel).
         request.notifyFinish().addBoth(_ended, timed)
@@ -122,12 +141,93 @@ class ShopResource(Resource):
             if product_id is not None
             else self._page(request, path)
         )
+        reply = self._validated(request, reply)
         self._stats.record_status(reply.status)
         return self._respond(request, reply)
 
+    def _control(self, request: Request, path: str) -> bytes | None:
+        """Answer a control endpoint; ``None`` if *path* is none (it is served as a page)."""
+        if path == "/_stats":
+            payload = {"products": len(self._catalogue.products), **self._stats.as_dict()}
+            payload.update(config=self._config.as_dict(), expected=self._expected)
+            payload["hostile_links"] = [href for _, href in self._hostile_links]
+            payload["epoch"] = self._epoch
+            return self._json(request, payload)
+        if path == "/_reset":
+            self._stats.reset()
+            return self._json(request, {"reset": True})
+        if path == "/_timeline":
+            return self._json(request, self._stats.timeline_dict())
+        if path not in ("/_catalogue", "/_changes", "/_epoch"):
+            return None
+        try:
+            if path == "/_epoch":
+                if (target := _epoch_arg(request, b"set")) is not None:
+                    self._serve(target)
+                return self._json(request, {"epoch": self._epoch})
+            epoch = _epoch_arg(request, b"epoch")
+            epoch = self._epoch if epoch is None else epoch
+            since = _epoch_arg(request, b"since")
+            since = epoch - 1 if since is None and epoch > 0 else since
+            if path == "/_changes":
+                return self._json(request, {"epoch": epoch, **self._changes(epoch, since)})
+            return self._catalogue_json(request, epoch, since)
+        except ValueError as exc:  # a bad argument, or an epoch out of range
+            request.setResponseCode(400)
+            return self._json(request, {"error": str(exc)})
+
+    def _changes(self, epoch: int, since: int | None) -> dict[str, object]:
+        """``{"since": since, "price": [...], "availability": ..., "added": ..., "removed": ...}``:
+        what changed from epoch *since* to *epoch*, nothing if *since* is ``None``."""
+        changes = self._history.changes(epoch if since is None else since, epoch)
+        return {"since": since, **changes.as_dict()}
+
+    def _catalogue_json(self, request: Request, epoch: int, since: int | None) -> bytes:
+        if self._payload is None or self._payload[0] != (epoch, since):
+            changes = self._changes(epoch, since)  # a ValueError for an epoch out of range
+            catalogue = self._history.at(epoch)
+            payload = _catalogue_payload(
+                catalogue, self._config.page_size, self._library, self._journal
+            )
+            payload.update(epoch=epoch, changes=changes)
+            self._payload = ((epoch, since), json.dumps(payload).encode())
+        request.setHeader(b"content-type", JSON)
+        return self._payload[1]
+
+    def _changed(self, page: Hashable, content: Callable[[Catalogue], object]) -> int:
+        """The epoch since which *page* (what ``content`` renders of a catalogue) is the same."""
+        return self._history.changed_at(page, self._epoch, content)
+
+    def _validated(self, request: Request, reply: Reply) -> Reply:
+        """*reply* with its validators if it has some, or a 304 if the client's are current."""
+        if reply.changed is None or reply.status != 200:
+            return reply
+        etag = entity_tag(reply.body)
+        modified = last_modified(reply.changed)
+        reply.headers.update(
+            {b"etag": etag, b"last-modified": http_date(modified), b"cache-control": b"no-cache"}
+        )
+        headers = request.requestHeaders
+        if request.method in (b"GET", b"HEAD") and not_modified(
+            etag,
+            modified,
+            headers.getRawHeaders(b"if-none-match", []),
+            headers.getRawHeaders(b"if-modified-since", []),
+        ):
+            return Reply(304, b"", reply.content_type, reply.headers, reply.extra_delay)
+        return reply
+
+    def _listing(self, catalogue: Catalogue, slug: str, page: int) -> str | None:
+        """A listing page of *catalogue*, or ``None`` if it has no such page."""
+        category = catalogue.category(slug)
+        size = self._config.page_size
+        if category is None or not 1 <= page <= category_pages(category, size):
+            return None
+        return render_listing(catalogue, category, page, size, self._hostile_links)
+
     def _page(self, request: Request, path: str) -> Reply:
         if path == "/":
-            return Reply(200, self._root_html)
+            return Reply(200, self._root_html, changed=self._changed(("root",), render_root))
         if path == "/robots.txt":
             sitemap = _base_url(request) + INDEX_PATH
             config = self._config
@@ -136,16 +236,12 @@ class ShopResource(Resource):
         if path.startswith(_SECTIONS) and (reply := self._section(request, path)) is not None:
             return reply
         if match := _CATEGORY_PATH.fullmatch(path):
-            category = self._catalogue.category(match.group(1))
-            page = _int_arg(request, b"page", default=1)
-            size = self._config.page_size
-            if (
-                category is not None
-                and page is not None
-                and 1 <= page <= category_pages(category, size)
-            ):
-                html = render_listing(self._catalogue, category, page, size, self._hostile_links)
-                return Reply(200, html.encode())
+            slug, page = match.group(1), _int_arg(request, b"page", default=1)
+            if page is not None and (html := self._listing(self._catalogue, slug, page)):
+                changed = self._changed(
+                    ("listing", slug, page), lambda c: self._listing(c, slug, page)
+                )
+                return Reply(200, html.encode(), changed=changed)
         elif match := _IMAGE_PATH.fullmatch(path):
             product = self._catalogue.product(int(match.group(1)))
             if product is not None and 1 <= int(match.group(2)) <= len(product.images):
@@ -165,7 +261,7 @@ class ShopResource(Resource):
                 self._stats.api_hits[key] += 1
             return reply
         if (sitemap := self._sitemaps.render(path, base_url)) is not None:
-            return Reply(200, *sitemap)
+            return Reply(200, *sitemap, changed=0)  # the same in every epoch
         if path.startswith("/articles/"):
             html = self._journal.render(path)
             if self._journal.article_at(path) is not None:
@@ -211,6 +307,7 @@ class ShopResource(Resource):
             if name == "stall":
                 stall(request, head, tail, self._config.stall_seconds, self._clock, self._stats)
                 return NOT_DONE_YET
+            self._stats.body_bytes += len(head) + len(tail)
             return head + tail  # long-url: a whole page, if a client ever asks for it
         self._stats.record_status(reply.status)
         return self._respond(request, reply)
@@ -236,20 +333,30 @@ class ShopResource(Resource):
         ):
             return Reply(503, render_error(503, "Service Unavailable").encode(), extra_delay=extra)
         html = render_product(product, _base_url(request))
-        return Reply(200, html.encode(), extra_delay=extra)
+        changed = None
+        if product.kind not in _UNVALIDATED_KINDS:
+            changed = self._changed(("product", product_id), lambda c: c.product(product_id))
+        return Reply(200, html.encode(), extra_delay=extra, changed=changed)
 
     def _respond(self, request: Request, reply: Reply) -> bytes | int:
         request.setResponseCode(reply.status)
-        request.setHeader(b"content-type", reply.content_type)
+        if reply.status != 304:
+            request.setHeader(b"content-type", reply.content_type)
         for name, value in reply.headers.items():
             request.setHeader(name, value)
         delay = self._config.latency_ms / 1000.0 + reply.extra_delay
         if request.uri.decode("utf-8", "replace") in self._config.slow_paths:
             delay += self._config.slow_ms / 1000.0
-        if delay <= 0:
+        if delay <= 0 and reply.status != 304:
+            self._stats.body_bytes += _sent(request, reply.body)
             return reply.body
-        request.setHeader(b"content-length", b"%d" % len(reply.body))
-        call = self._clock.callLater(delay, _finish, request, reply.body)
+        # A 304 has no body and no Content-Length: Twisted would send 0, not the 200's length.
+        if reply.status != 304:
+            request.setHeader(b"content-length", b"%d" % len(reply.body))
+        if delay <= 0:
+            _finish(request, reply.body, self._stats)
+            return NOT_DONE_YET
+        call = self._clock.callLater(delay, _finish, request, reply.body, self._stats)
         request.notifyFinish().addErrback(_cancel, call)
         return NOT_DONE_YET
 
@@ -260,9 +367,15 @@ class ShopResource(Resource):
         return json.dumps(payload).encode()
 
 
-def _finish(request: Request, body: bytes) -> None:
+def _finish(request: Request, body: bytes, stats: ShopStats) -> None:
     request.write(body)
+    stats.body_bytes += _sent(request, body)
     request.finish()
+
+
+def _sent(request: Request, body: bytes) -> int:
+    """Body bytes that answering *request* with *body* puts on the wire."""
+    return 0 if request.method == b"HEAD" else len(body)
 
 
 def _ended(result: Failure | None, timed: Timed) -> None:
@@ -284,6 +397,18 @@ def _int_arg(request: Request, name: bytes, default: int) -> int | None:
         return int(values[0])
     except ValueError:
         return None
+
+
+def _epoch_arg(request: Request, name: bytes) -> int | None:
+    """An epoch argument of a control endpoint, ``None`` if absent; a ``ValueError`` (a 400)
+    if it is not an integer."""
+    values = request.args.get(name) if request.args else None
+    if not values:
+        return None
+    try:
+        return int(values[0])
+    except ValueError as exc:
+        raise ValueError(f"{name.decode()} must be an integer, got {values[0][:40]!r}") from exc
 
 
 def _base_url(request: Request) -> str:
@@ -422,9 +547,25 @@ class ShopServer:
         requests: list[list[Any]] = self._get_json("/_timeline")["requests"]
         return requests
 
-    def catalogue(self) -> dict[str, Any]:
-        """Ground truth from ``/_catalogue``."""
-        return self._get_json("/_catalogue")
+    def catalogue(self, epoch: int | None = None, *, since: int | None = None) -> dict[str, Any]:
+        """Ground truth from ``/_catalogue``: the catalogue of *epoch* (default: the one served),
+        with ``"epoch"`` and the ``"changes"`` since epoch *since* (default: the one before)."""
+        return self._get_json("/_catalogue" + _query(epoch=epoch, since=since))
+
+    def epoch(self) -> int:
+        """The epoch the shop serves."""
+        epoch: int = self._get_json("/_epoch")["epoch"]
+        return epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve the catalogue of *epoch* from the next request on (one that arrived before
+        keeps its epoch); a ``ValueError`` if there is none (see ``tests.site.epochs``)."""
+        self._get_json("/_epoch" + _query(set=epoch))
+
+    def changes(self, since: int | None = None, epoch: int | None = None) -> dict[str, Any]:
+        """What changed from epoch *since* (default: the one before) to *epoch* (default: the
+        one served): ``{"epoch", "since", "price", "availability", "added", "removed"}``."""
+        return self._get_json("/_changes" + _query(since=since, epoch=epoch))
 
     def book_urls(self) -> set[str]:
         """Absolute URL of every book page: what a complete crawl of ``/books/`` fetches."""
@@ -458,8 +599,14 @@ class ShopServer:
                 return Fetched(exc.code, _lower(exc.headers), exc.read())
 
     def _get_json(self, path: str) -> dict[str, Any]:
-        with self._opener.open(self.url(path), timeout=30) as response:
-            payload: dict[str, Any] = json.load(response)
+        try:
+            with self._opener.open(self.url(path), timeout=30) as response:
+                payload: dict[str, Any] = json.load(response)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                if exc.code != 400:
+                    raise
+                raise ValueError(json.load(exc)["error"]) from exc
         return payload
 
     def start(self) -> Self:
@@ -530,6 +677,12 @@ class ShopServer:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _query(**arguments: int | None) -> str:
+    """``?name=value&...`` of the arguments that are not ``None``; ``""`` if none is."""
+    given = {name: value for name, value in arguments.items() if value is not None}
+    return "?" + urllib.parse.urlencode(given) if given else ""
 
 
 def _lower(headers: Message) -> dict[str, str]:

@@ -56,6 +56,11 @@ class ShopStats:
     api_hits: Counter[str]
     #: Every counted request in arrival order, with its duration.
     timeline: list[Timed]
+    #: Requests with If-None-Match or If-Modified-Since, and those answered 304 Not Modified.
+    conditional: int
+    not_modified: int
+    #: Bytes of response bodies sent (headers left out), hostile streams included.
+    body_bytes: int
 
     def __init__(self) -> None:
         self.reset()
@@ -76,6 +81,9 @@ class ShopStats:
         self.article_hits = Counter()
         self.api_hits = Counter()
         self.timeline = []
+        self.conditional = 0
+        self.not_modified = 0
+        self.body_bytes = 0
 
     def record_request(self, path_with_query: str, product_id: int | None) -> Timed:
         """Count one request as it arrives; the caller ends the returned entry."""
@@ -92,6 +100,8 @@ class ShopStats:
     def record_status(self, status: int) -> None:
         """Count the status a request is answered with."""
         self.statuses[status] += 1
+        if status == 304:
+            self.not_modified += 1
 
     def as_dict(self) -> dict[str, object]:
         """The counters, JSON-ready (keys as strings)."""
@@ -107,6 +117,9 @@ class ShopStats:
             "book_hits": dict(self.book_hits),
             "article_hits": dict(self.article_hits),
             "api_hits": dict(self.api_hits),
+            "conditional": self.conditional,
+            "not_modified": self.not_modified,
+            "body_bytes": self.body_bytes,
         }
 
     def timeline_dict(self) -> dict[str, object]:

@@ -31,6 +31,7 @@
     KEYS[22] holders     nodes stepping (they may hold download permits), scored by deadline
     KEYS[23] revisit     fingerprint -> what its last fetch left for a revisit (step/revisit.lua)
     KEYS[24] due         fingerprints under a revisit policy, scored by when they are due
+    KEYS[25] runs        the fleet's current crawl run (lua/run_join.lua)
 
     ARGV[1]  options, one JSON object:
                node       this node's id (no newline)

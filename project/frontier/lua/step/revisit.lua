@@ -3,30 +3,33 @@
   under a revisit policy left for the next one, and when that next one is due. Only such
   URLs have an entry; the seen-set itself holds no more than it did.
 
-  Keys: revisit  fingerprint -> "<interval ms>\n<site>\n<priority>\n<record>\n<payload>"
+  Keys: revisit  fingerprint -> "<interval ms>\n<run>\n<site>\n<priority>\n<record>\n<payload>"
+                 (run: the crawl run of that fetch, lua/run_join.lua)
         due      fingerprint, scored by when its URL may be fetched again (ms, Redis clock)
+        runs     the current crawl run
   ARGV section (phase 2b, after settle), REVISIT_WIDTH values per fetched URL:
     fingerprint, interval_ms (0: no longer under a policy: forget it),
     "<site>\n<priority>\n<record>\n<payload>"  record: the JSON the node wants back with
                                                the revisit (validators, content hash, items)
-  revisit_due(fp, payload, now): the payload to queue when a seen URL is rediscovered and
-    its revisit is due (the record added as its "revisit" field), else nil; it is then due
-    again one interval later, so a lost revisit comes back.
+  revisit_due(fp, payload, now): the payload to queue when a seen URL is rediscovered, its
+    revisit is due and its last fetch was in another crawl run (a page is fetched once per
+    crawl, however short its interval), with the record added as its "revisit" field; else
+    nil. It is then due again one interval later, so a lost revisit comes back.
   revisits_due(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
     due revisits of URLs nobody rediscovered; returns how many.
 ]]
 local REVISIT_WIDTH = 3
 
--- "<interval>\n<site>\n<priority>\n<record>\n<payload>" -> its five parts
+-- "<interval>\n<run>\n<site>\n<priority>\n<record>\n<payload>" -> its six parts
 local function split_revisit(stored)
     local parts, from = {}, 1
-    for _ = 1, 4 do
+    for _ = 1, 5 do
         local nl = string.find(stored, '\n', from, true)
         if not nl then return nil end
         parts[#parts + 1] = string.sub(stored, from, nl - 1)
         from = nl + 1
     end
-    parts[5] = string.sub(stored, from)
+    parts[6] = string.sub(stored, from)
     return parts
 end
 
@@ -36,11 +39,13 @@ local function with_record(payload, record)
 end
 
 local function record_revisits(at, count, now)
+    if count == 0 then return end
+    local run = redis.call('HGET', K.runs, 'id') or ''
     for e = 0, count - 1 do
         local i = at + e * REVISIT_WIDTH
         local fp, interval = ARGV[i], tonumber(ARGV[i + 1]) or 0
         if interval > 0 then
-            redis.call('HSET', K.revisit, fp, string.format('%.0f', interval) .. '\n' .. ARGV[i + 2])
+            redis.call('HSET', K.revisit, fp, string.format('%.0f', interval) .. '\n' .. run .. '\n' .. ARGV[i + 2])
             redis.call('ZADD', K.due, now + interval, fp)
         else
             redis.call('HDEL', K.revisit, fp)
@@ -48,6 +53,8 @@ local function record_revisits(at, count, now)
         end
     end
 end
+
+local current_run = nil -- read once per step, when a rediscovered URL is due
 
 local function revisit_due(fp, payload, now)
     local due = tonumber(redis.call('ZSCORE', K.due, fp))
@@ -57,8 +64,13 @@ local function revisit_due(fp, payload, now)
         redis.call('ZREM', K.due, fp)
         return nil
     end
+    if current_run == nil then current_run = redis.call('HGET', K.runs, 'id') or '' end
+    if parts[2] ~= '' and parts[2] == current_run then return nil end
     redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-    return with_record(payload, parts[4])
+    -- queued in this run now: rediscovered again before its fetch is recorded, it stays put
+    parts[2] = current_run
+    redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
+    return with_record(payload, parts[5])
 end
 
 local function revisits_due(now, most)
@@ -68,8 +80,8 @@ local function revisits_due(now, most)
         local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
         if parts then
             redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-            entries[#entries + 1] = {parts[2], clamp_priority(tonumber(parts[3]) or 0),
-                                     with_record(parts[5], parts[4])}
+            entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),
+                                     with_record(parts[6], parts[5])}
         else
             redis.call('ZREM', K.due, fp)
         end
