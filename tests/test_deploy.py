@@ -286,6 +286,38 @@ def test_scheduled_jobs_on_two_nodes_crawl_the_shop_together(
         assert responses > 0, f"{server.url} crawled nothing"
 
 
+def test_schedule_every_seeds_and_crawls_again_never_two_at_once(
+    scrapyds, redis_url, mongo_db, mongo, make_shop, keyspace, tmp_path
+) -> None:
+    a, b = scrapyds
+    nodes = f"{a.url},{b.url}"
+    assert fleetcrawl("deploy", nodes=nodes).returncode == 0
+    shop = make_shop(products=60)
+    settings = {
+        **FAST_SETTINGS,
+        **keyspace.settings,
+        "MONGO_DATABASE": mongo_db,
+        "FLEET_REVISIT": json.dumps({".": "1s"}),
+    }
+    options = [arg for key, value in settings.items() for arg in ("-s", f"{key}={value}")]
+    env = {"FLEETCRAWL_NODES": nodes, "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD,
+           "REDIS_URL": redis_url}  # fmt: skip
+    every = run_cli(
+        "schedule", "products", "--every", "6s", "--rounds", "3", "--seed", shop.url("/"),
+        *options, env=env, timeout=240,
+    )  # fmt: skip
+    assert every.returncode == 0, every.stderr
+    rounds = re.findall(r"^round (\d) (at|skipped)", every.stdout, re.MULTILINE)
+    assert [n for n, _ in rounds] == ["1", "2", "3"], every.stdout
+    crawls = sum(1 for _, what in rounds if what == "at")
+    assert crawls >= 2, every.stdout  # a round whose crawl still ran was skipped, not doubled
+    assert every.stdout.count("scheduled products:") == 2 * crawls
+    # each crawl is a run of its own; the later ones revisit and get 304s
+    assert mongo.crawl_runs.count_documents({}) == crawls
+    assert shop.stats()["not_modified"] >= 60 * (crawls - 1)
+    assert mongo.products.count_documents({"gone_at": {"$exists": True}}) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["nodes"], ["schedule", "products"], ["deploy"]])
 def test_wrong_credentials_and_unreachable_nodes_are_reported(scrapyds, command) -> None:

@@ -190,7 +190,9 @@ def catalogue(edition: int = 1) -> list[Any]:
 
 
 def _without_times(doc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k not in ("first_seen", "last_seen", "content_hash")}
+    """The item's own fields and its crawl (the spider that stored it is checked once, below)."""
+    skip = ("first_seen", "last_seen", "content_hash", "source_spider")
+    return {k: v for k, v in doc.items() if k not in skip}
 
 
 # -- every type is stored, with change tracking ---------------------------------------------
@@ -207,7 +209,10 @@ def test_every_item_type_is_stored_once_in_its_collection_by_its_id(
     after = {c: {d["_id"]: d for d in mongo[c].find()} for c in mongo.list_collection_names()}
 
     assert set(after) == {"books", "articles", "job_postings", "reviews", "catalog", "rejects",
-                          "products"}  # fmt: skip
+                          "products", "changes"}  # fmt: skip
+    # the second crawl's rewritten items: each changed field is one change document
+    changed = {(c["collection"], c["item_id"]) for c in after.pop("changes").values()}
+    assert len(changed) == second["mongo/updated"]
     assert {c: list(docs) for c, docs in after.items() if docs} == {
         "books": ["http://books.test/dune?ref=home"],
         "articles": ["http://news.test/a/1"],
@@ -225,6 +230,7 @@ def test_every_item_type_is_stored_once_in_its_collection_by_its_id(
         "isbn": "978-0441013593",
         "crawl_id": "unit",
     }
+    assert after["books"]["http://books.test/dune?ref=home"]["source_spider"] == "catalog"
     assert after["job_postings"]["http://jobs.test/j/1"]["salary"] == [50_000, 70_000]
     assert after["reviews"]["http://reviews.test/r/1"]["posted"] == "2024-05-01T12:00:00Z"
     assert after["articles"]["http://news.test/a/1"]["authors"] == ["ann", "bo"]
@@ -303,7 +309,7 @@ def test_products_keep_todays_collection_id_and_shape(
     assert set(doc) == {
         "_id", "canonical_url", "name", "price", "currency", "sku", "availability",
         "description", "breadcrumb", "image_urls", "url", "rendered", "content_hash",
-        "crawl_id", "first_seen", "last_seen",
+        "crawl_id", "first_seen", "last_seen", "source_spider",
     }  # fmt: skip
     assert (doc["_id"], doc["price"], doc["currency"]) == (
         "http://shop.test/product/7",

@@ -247,13 +247,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.loop.start()
         self._ready.set()
 
-    async def ready(self) -> bool:
-        """Wait until the frontier runs; False when this node never reached Redis."""
-        while not self._ready.is_set():
-            if self.fatal is not None:
-                return False
-            await asyncio.sleep(0.05)
-        return True
+    @property
+    def is_ready(self) -> bool:
+        """The frontier runs: this node reached Redis."""
+        return self._ready.is_set()
 
     async def claim_start(self, *, new_crawl: bool) -> str | None:
         """Ask the fleet whether this node runs the spider's start() (lua/start.lua).

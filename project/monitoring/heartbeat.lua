@@ -45,7 +45,8 @@ end
 local keep = opt.history_ms
 local s = {
     queued = tonumber(redis.call('GET', K.queued)) or 0, delayed = redis.call('ZCARD', K.delayed),
-    in_flight = redis.call('ZCARD', K.inflight), seen = redis.call('SCARD', K.dupefilter),
+    in_flight = redis.call('ZCARD', K.inflight), seen = math.max(redis.call('SCARD', K.dupefilter),
+        tonumber(redis.call('GET', K.dupefilter .. ':n') or 0)),
     dead = redis.call('LLEN', K.dead), seeds = seed_count(),
     pages = 0, items = 0, errors = 0, retries = 0,
     pages_per_s = 0, items_per_s = 0, alive = 0, nodes = {},

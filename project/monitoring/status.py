@@ -176,9 +176,12 @@ def frontier_snapshot(
     pipe.hlen(keys.leases)
     pipe.zrevrange(keys.recent, 0, SITES_SCANNED - 1, withscores=True)
     pipe.hget(keys.limits, "*")
+    # the compact forms of the seen-set count what they hold (lua/lib/seen.lua)
+    pipe.get(keys.dupefilter + ":n")
     replies: list[Any] = pipe.execute()
     (seconds, micros), queued, delayed, inflight, seen, seen_bytes, seeds, dead = replies[:8]
-    ready, n_ready, throttled, n_throttled, n_known, recent, fleet_default = replies[8:]
+    ready, n_ready, throttled, n_throttled, n_known, recent, fleet_default = replies[8:15]
+    seen = int(seen) or int(replies[15] or 0)
     now_ms = int(seconds) * 1000 + int(micros) / 1000
     by_node, in_flight = _in_flight(inflight)
     rows, with_work = _site_rows(

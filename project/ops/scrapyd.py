@@ -567,7 +567,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " crawl still runs at the next start is skipped",
     )
     schedule.add_argument(
-        "--rounds", type=positive_int, metavar="N", help="with --every: stop after N rounds (the last crawl awaited)"
+        "--rounds",
+        type=positive_int,
+        metavar="N",
+        help="with --every: stop after N rounds (the last crawl awaited)",
     )
     schedule.add_argument(
         "--seed",

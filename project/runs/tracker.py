@@ -68,6 +68,8 @@ class RunTracker:
         self._since: dict[str, Any] = {}
         self._server: redis.asyncio.Redis | None = None
         self._task: asyncio.Task[None] | None = None
+        # set when the spider closes: the task ends between two Redis calls, never inside one
+        self._stop = asyncio.Event()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -90,30 +92,34 @@ class RunTracker:
             return  # not a fleet node (another scheduler): no fleet run to join
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep; False once the spider closes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return not self._stop.is_set()
+
     async def _run(self) -> None:
         scheduler = self._scheduler()
-        if not await scheduler.ready():
-            return
+        while not scheduler.is_ready:
+            if scheduler.fatal is not None or not await self._pause(0.05):
+                return
         self.keys: FrontierKeys = scheduler.keys
         self._server = FrontierConfig.from_settings(self.crawler.settings).client(
             socket_timeout=10, socket_connect_timeout=5
         )
-        keep_alive = scheduler.config.keep_alive
-        with contextlib.suppress(asyncio.CancelledError):
-            if not keep_alive:
+        if not scheduler.config.keep_alive:
+            await self._join()
+            return
+        leased = 0.0
+        while await self._pause(_CHECK_SECONDS):  # a keep-alive node: a run per stretch of work
+            loop, stats = scheduler.loop, self.crawler.stats
+            assert stats is not None
+            now = stats.get_value("frontier/leased", 0)
+            worked, leased = now > leased, now
+            if self.run_id is None and (worked or (loop is not None and loop.held)):
                 await self._join()
-                return
-            leased = 0.0
-            while True:  # a keep-alive node: a run per stretch of work
-                loop, stats = scheduler.loop, self.crawler.stats
-                assert stats is not None
-                now = stats.get_value("frontier/leased", 0)
-                worked, leased = now > leased, now
-                if self.run_id is None and (worked or (loop is not None and loop.held)):
-                    await self._join()
-                elif self.run_id is not None and not worked and loop is not None and loop.fleet_idle:
-                    await self._leave()
-                await asyncio.sleep(_CHECK_SECONDS)
+            elif self.run_id is not None and not worked and loop is not None and loop.fleet_idle:
+                await self._leave()
 
     async def _join(self) -> None:
         assert self._server is not None
@@ -162,6 +168,9 @@ class RunTracker:
             return
         if reply[0] != b"final":
             return
+        if MongoStore.existing(self.crawler) is None:
+            logger.info("Crawl run %s ended; this node stores no items, so it writes no report", run_id)
+            return
         started, ended = int(reply[1]), int(reply[2])
         nodes = {}
         for j in range(3, len(reply), 2):
@@ -175,10 +184,9 @@ class RunTracker:
         )  # fmt: skip
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         if self._server is None:
             return
         # whatever this node's reason: a run ends when its work is done (run_leave.lua)

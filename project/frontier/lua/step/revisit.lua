@@ -78,6 +78,11 @@ local function revisits_due(now, most)
     local entries = {}
     for _, fp in ipairs(fps) do
         local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
+        -- a record not written by a node (no site, no request): it goes
+        if parts and (parts[3] == '' or string.sub(parts[6], 1, 1) ~= '{') then
+            redis.call('HDEL', K.revisit, fp)
+            parts = nil
+        end
         if parts then
             redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
             entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),

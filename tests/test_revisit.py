@@ -1,0 +1,257 @@
+"""Revisit policies, their records in the step script, the conditional-request middleware
+with hostile headers, and the field diffs of the change history."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.utils.test import get_crawler
+
+from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.revisit import (
+    REVISIT_META_KEY,
+    REVISIT_OUT_META_KEY,
+    NotModified,
+    RevisitConfig,
+    RevisitMiddleware,
+    parse_duration,
+    revisit_entry,
+)
+from project.storage.writes import field_changes
+from tests.test_frontier_step import run
+
+if TYPE_CHECKING:
+    import redis as sync_redis
+
+    from project.frontier.keys import FrontierKeys
+
+
+class _Spider(Spider):
+    name = "revisits"
+
+    def parse_product(self, response: Any) -> None:
+        pass
+
+
+def _config(**settings: Any) -> RevisitConfig:
+    return RevisitConfig.from_settings(get_crawler(_Spider, settings).settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [(90, 90.0), ("90", 90.0), ("30s", 30.0), ("15m", 900.0), ("1h", 3600.0), ("1d", 86400.0),
+     ("2w", 1209600.0), (" 1.5H ", 5400.0), (0, 0.0)],
+)  # fmt: skip
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["", "1y", "-1h", "h", "1h30m", True, None, "9" * 400, "1e9d", [1]]
+)
+def test_garbage_durations_are_refused_naming_the_setting(text: object) -> None:
+    with pytest.raises(NotConfigured, match="FLEET_REVISIT"):
+        parse_duration(text, "FLEET_REVISIT['x']")
+
+
+def test_policies_match_by_pattern_then_callback_in_order() -> None:
+    config = _config(FLEET_REVISIT={"/category/": "1h", "@parse_product": "1d", r"\?page=\d+$": 60})
+    spider = _Spider()
+    assert config.interval(Request("http://s/category/a")) == 3600
+    assert config.interval(Request("http://s/p/1", callback=spider.parse_product)) == 86400
+    assert config.interval(Request("http://s/p/1?page=2")) == 60
+    assert config.interval(Request("http://s/about")) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [({"(": "1h"}, "regular expression"), ({"/a/": "soon"}, "duration"), ({"": "1h"}, "pattern"),
+     ({1: "1h"}, "pattern")],
+)  # fmt: skip
+def test_unusable_policies_stop_the_node(value: dict[Any, Any], match: str) -> None:
+    with pytest.raises(NotConfigured, match=match):
+        _config(FLEET_REVISIT=value)
+
+
+def test_adaptive_intervals_move_within_their_bounds() -> None:
+    fixed = _config(FLEET_REVISIT={".": "1d"})
+    assert fixed.next_interval(7200, 86400, changed=True) == 86400
+    adaptive = _config(
+        FLEET_REVISIT={".": "1d"}, FLEET_REVISIT_ADAPTIVE=True,
+        FLEET_REVISIT_MIN="1h", FLEET_REVISIT_MAX="2d",
+    )  # fmt: skip
+    assert adaptive.next_interval(0, 86400, changed=None) == 86400  # first fetch: the policy's
+    assert adaptive.next_interval(86400, 86400, changed=True) == pytest.approx(86400 * 0.8)
+    assert adaptive.next_interval(86400, 86400, changed=False) == pytest.approx(86400 * 1.4)
+    interval = 86400.0
+    for _ in range(50):
+        interval = adaptive.next_interval(interval, 86400, changed=False)
+    assert interval == 2 * 86400
+    for _ in range(50):
+        interval = adaptive.next_interval(interval, 86400, changed=True)
+    assert interval == 3600
+    with pytest.raises(NotConfigured, match="FLEET_REVISIT_MIN"):
+        _config(FLEET_REVISIT={".": "1d"}, FLEET_REVISIT_MIN="2d", FLEET_REVISIT_MAX="1d")
+
+
+# -- the step script's revisit phase -------------------------------------------------------
+
+
+def _entry(n: int, mode: bytes = b"r") -> tuple[bytes, str, int, bytes, str]:
+    return (mode + b"fp%d" % n, "s", 0, b'{"url":"http://s/%d"}' % n, "")
+
+
+def _record(
+    n: int, interval_ms: int, record: dict[str, Any] | None = None
+) -> tuple[bytes, int, bytes]:
+    blob = (
+        b"s\n0\n" + json.dumps(record or {"etag": '"v1"'}).encode() + b'\n{"url":"http://s/%d"}' % n
+    )
+    return (b"fp%d" % n, interval_ms, blob)
+
+
+def test_a_seen_url_goes_again_once_due_with_its_record_and_once_per_run(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[_entry(1), _entry(2), _entry(3)]))
+        leased = (await a.step(StepBatch(want=3))).leased
+        await a.step(StepBatch(acks=[a.request_member(x.site, x.payload) for x in leased],
+                               revisits=[_record(1, 1), _record(2, 3_600_000)]))  # fmt: skip
+        await asyncio_sleep(0.01)
+        again = await a.step(StepBatch(enqueue=[_entry(1), _entry(2)], want=5))
+        assert (again.added, again.duplicates, again.revisits) == (1, 1, (1, 0))
+        (revisit,) = [x for x in again.leased if b"revisit" in x.payload]
+        assert json.loads(revisit.payload) == {"url": "http://s/1", "revisit": {"etag": '"v1"'}}
+        # fetched in run 1; in run 2 it goes once, and a second rediscovery finds it queued
+        redis_client.hset(keys.runs, "id", "run-1")
+        await a.step(StepBatch(revisits=[_record(3, 1)]))
+        redis_client.hset(keys.runs, "id", "run-2")
+        await asyncio_sleep(0.01)
+        assert (await a.step(StepBatch(enqueue=[_entry(3)]))).revisits == (1, 0)
+        await asyncio_sleep(0.01)
+        assert (await a.step(StepBatch(enqueue=[_entry(3)]))).duplicates == 1
+        # interval 0: the URL left its policy, its record goes
+        await a.step(StepBatch(revisits=[(b"fp1", 0, b"")]))
+        assert not redis_client.hexists(keys.revisit, b"fp1")
+
+    run(redis_url, keys, scenario)
+
+
+def test_maintenance_hands_out_due_revisits_and_drops_garbage_records(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    redis_client.hset(keys.revisit, mapping={b"junk": b"no newlines", b"fp9": b"5\n\n\n\n{}\n"})
+    redis_client.zadd(keys.due, {b"junk": 0, b"fp9": 0})
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        await a.step(StepBatch(revisits=[_record(n, 300) for n in range(5)]))
+        await asyncio_sleep(0.35)
+        # the garbage first (score 0): dropped, not handed out
+        result = await a.step(StepBatch(maintain=True, revisit_due=4, want=10))
+        assert result.revisits == (0, 2)
+        assert redis_client.zscore(keys.due, b"junk") is None
+        assert not redis_client.hexists(keys.revisit, b"fp9")
+        result = await a.step(StepBatch(maintain=True, revisit_due=100, want=10))
+        assert result.revisits == (0, 3)  # the two handed out are due again 300 ms later
+        assert (await a.step(StepBatch(maintain=True, revisit_due=100))).revisits == (0, 0)
+
+    run(redis_url, keys, scenario)
+
+
+async def asyncio_sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+# -- the middleware, against hostile answers ------------------------------------------------
+
+
+def _middleware(**settings: Any) -> tuple[RevisitMiddleware, Any]:
+    crawler = get_crawler(_Spider, {"FLEET_REVISIT": {".": "1h"}, **settings})
+    crawler.spider = crawler._create_spider()
+    middleware = RevisitMiddleware.from_crawler(crawler)
+    middleware._fingerprint = lambda request: b"fp"  # type: ignore[method-assign]
+    return middleware, crawler
+
+
+@pytest.mark.parametrize(
+    "etag",
+    [b"x" * 100_000, "é".encode(), b"\x00\n\r", "\u202e\ud800".encode("utf-8", "surrogatepass")],
+)
+def test_hostile_validators_are_not_sent_back(etag: bytes) -> None:
+    middleware, _ = _middleware()
+    request = Request("http://s/p/1")
+    response = HtmlResponse(request.url, body=b"<p>x</p>", request=request,
+                            headers={b"ETag": etag, b"Last-Modified": etag})  # fmt: skip
+    assert asyncio.run(middleware.process_response(request, response)) is response
+    record = request.meta[REVISIT_OUT_META_KEY]["record"]
+    assert "etag" not in record
+    assert "lm" not in record
+    entry = revisit_entry(request, "s", b'{"url":"http://s/p/1","revisit":{"h":"x"}}')
+    assert entry is not None
+    assert b"\n" not in entry[2].split(b"\n", 3)[2]  # the record is one line
+    assert json.loads(entry[2].split(b"\n", 3)[3]) == {"url": "http://s/p/1"}
+
+
+def test_a_304_is_unchanged_and_a_changed_body_is_changed() -> None:
+    middleware, crawler = _middleware()
+    request = Request("http://s/p/1", meta={REVISIT_META_KEY: {"etag": '"v1"', "h": "old", "i": 5}})
+    assert middleware.process_request(request) is None
+    assert request.headers[b"If-None-Match"] == b'"v1"'
+    with pytest.raises(NotModified):
+        asyncio.run(
+            middleware.process_response(
+                request, HtmlResponse(request.url, status=304, request=request)
+            )
+        )
+    assert crawler.stats.get_value("revisit/not_modified") == 1
+    assert request.meta[REVISIT_OUT_META_KEY]["record"]["etag"] == '"v1"'
+    again = Request("http://s/p/1", meta={REVISIT_META_KEY: {"h": "old"}})
+    response = HtmlResponse(again.url, body=b"new", request=again, headers={b"ETag": b'"v2"'})
+    asyncio.run(middleware.process_response(again, response))
+    assert crawler.stats.get_value("revisit/changed") == 1
+    assert again.meta[REVISIT_OUT_META_KEY]["record"]["etag"] == '"v2"'
+
+
+def test_a_garbage_record_from_redis_costs_nothing() -> None:
+    middleware, _ = _middleware()
+    for record in ({"etag": 5, "lm": ["x"], "i": "soon", "items": "all"}, "text", None, 7):
+        request = Request("http://s/p/1", meta={REVISIT_META_KEY: record})
+        assert middleware.process_request(request) is None
+        assert b"If-None-Match" not in request.headers
+        response = HtmlResponse(request.url, status=304, request=request)
+        try:
+            asyncio.run(middleware.process_response(request, response))
+        except NotModified:
+            assert isinstance(record, dict)
+
+
+# -- change history --------------------------------------------------------------------
+
+
+def test_field_changes_name_each_changed_field_dotted_and_skip_bookkeeping() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    old = {"_id": "u", "price": 10.0, "offers": {"price": 10, "currency": "EUR"}, "tags": [1, 2],
+           "gone": "x", "last_seen": at, "content_hash": "a", "when": at.replace(tzinfo=None)}  # fmt: skip
+    new = {"_id": "u", "price": 12.5, "offers": {"price": 12, "currency": "EUR"}, "tags": [2, 1],
+           "added": True, "last_seen": datetime.now(UTC), "content_hash": "b", "when": at}  # fmt: skip
+    assert field_changes(old, new) == [
+        ("added", None, True),
+        ("gone", "x", None),
+        ("offers.price", 10, 12),
+        ("price", 10.0, 12.5),
+        ("tags", [1, 2], [2, 1]),
+    ]
+    deep: dict[str, Any] = {}
+    cursor = deep
+    for _ in range(50):
+        cursor["a"] = {}
+        cursor = cursor["a"]
+    assert len(field_changes({"x": deep}, {"x": {}})) == 1
