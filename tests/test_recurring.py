@@ -218,3 +218,20 @@ def test_a_bloom_mode_crawl_stores_every_product(
         assert not client.exists(fleet.keys.dupefilter)
         # the seed, the listings and every product: each marked once
         assert int(client.get(fleet.keys.dupefilter + ":n")) >= 2000
+
+
+def test_a_killed_node_does_not_keep_its_run_from_ending(
+    fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any]
+) -> None:
+    shop = make_shop(150, latency_ms=20)
+    fleet.start_node()
+    fleet.start_node()
+    fleet.wait_ready()
+    fleet.seed(shop.url("/"))
+    wait_for(lambda: mongo["products"].count_documents({}) >= 20, 60, "the crawl under way")
+    fleet.kill(0)
+    assert fleet.procs[1].wait(120) == 0, fleet.log(1)[-3000:]
+    (report,) = mongo["crawl_runs"].find()
+    assert report["items"]["stored"] == 150
+    assert report["nodes"] == 1  # the killed node's counters are lost with it
+    assert f"Crawl run {report['_id']} of products" in fleet.log(1)

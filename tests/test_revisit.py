@@ -22,7 +22,7 @@ from project.frontier.revisit import (
     RevisitConfig,
     RevisitMiddleware,
     parse_duration,
-    revisit_entry,
+    revisit_entries,
 )
 from project.storage.writes import field_changes
 from tests.test_frontier_step import run
@@ -194,8 +194,7 @@ def test_hostile_validators_are_not_sent_back(etag: bytes) -> None:
     record = request.meta[REVISIT_OUT_META_KEY]["record"]
     assert "etag" not in record
     assert "lm" not in record
-    entry = revisit_entry(request, "s", b'{"url":"http://s/p/1","revisit":{"h":"x"}}')
-    assert entry is not None
+    (entry,) = revisit_entries(request, "s", b'{"url":"http://s/p/1","revisit":{"h":"x"}}')
     assert b"\n" not in entry[2].split(b"\n", 3)[2]  # the record is one line
     assert json.loads(entry[2].split(b"\n", 3)[3]) == {"url": "http://s/p/1"}
 
@@ -255,3 +254,24 @@ def test_field_changes_name_each_changed_field_dotted_and_skip_bookkeeping() -> 
         cursor["a"] = {}
         cursor = cursor["a"]
     assert len(field_changes({"x": deep}, {"x": {}})) == 1
+
+
+def test_a_redirected_page_also_records_the_url_its_links_name() -> None:
+    middleware, _ = _middleware()
+    middleware._fingerprint = lambda request: request.url.encode()  # type: ignore[method-assign]
+    request = Request("http://s/new", meta={"redirect_urls": ["http://s/old"], "redirect_times": 1})
+    response = HtmlResponse(
+        request.url, body=b"<p>x</p>", request=request, headers={b"ETag": b'"e"'}
+    )
+    asyncio.run(middleware.process_response(request, response))
+    payload = (
+        b'{"url":"http://s/new","meta":{"redirect_urls":["http://s/old"],"redirect_times":1,"k":2}}'
+    )
+    own, first = revisit_entries(request, "s", payload)
+    assert own[0] == b"http://s/new"
+    assert json.loads(own[2].split(b"\n", 3)[2])["etag"] == '"e"'
+    assert first[0] == b"http://s/old"
+    assert first[1] == 3_600_000
+    site, priority, record, original = first[2].split(b"\n", 3)
+    assert json.loads(record) == {"redirect": 1}  # no validators: fetched whole, it redirects
+    assert json.loads(original) == {"url": "http://s/old", "meta": {"k": 2}}

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.queue import StepBatch
-from project.frontier.revisit import REVISIT_META_KEY, revisit_entry
+from project.frontier.revisit import REVISIT_META_KEY, revisit_entries
 from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import requests_from_seed
@@ -499,8 +499,9 @@ class FrontierLoop:
             self._stale.discard(lease.member)
             outcome = request.meta.get(OUTCOME_META_KEY)
             if outcome is None:
-                revisit = revisit_entry(request, lease.site, lease.payload)
-                self._settle(ack=lease.member, revisit=revisit)
+                self._settle(ack=lease.member)
+                for revisit in revisit_entries(request, lease.site, lease.payload):
+                    self._settle(revisit=revisit)
                 continue
             if outcome["action"] == "retry":
                 try:

@@ -48,7 +48,7 @@ __all__ = [
     "RevisitLinksMiddleware",
     "RevisitMiddleware",
     "parse_duration",
-    "revisit_entry",
+    "revisit_entries",
 ]
 
 logger = logging.getLogger(__name__)
@@ -168,14 +168,39 @@ def _payload_without_record(payload: bytes) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def revisit_entry(request: Request, site: str, payload: bytes) -> tuple[bytes, int, bytes] | None:
-    """The revisit section entry (lua/step/revisit.lua) of a fetched request, if it has one."""
+def _original_payload(payload: bytes, url: str) -> bytes | None:
+    """The request that was redirected to *payload*'s URL, as it first went."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    data["url"] = url
+    data.pop("revisit", None)
+    meta = data.get("meta")
+    if isinstance(meta, dict):
+        data["meta"] = {k: v for k, v in meta.items() if not k.startswith("redirect_")}
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def revisit_entries(request: Request, site: str, payload: bytes) -> list[tuple[bytes, int, bytes]]:
+    """The revisit section entries (lua/step/revisit.lua) of a fetched request: its own, and
+    the first URL of its redirects' (fetched again next time, that one leads here again)."""
     out = request.meta.get(REVISIT_OUT_META_KEY)
     if not isinstance(out, dict):
-        return None
+        return []
     record = json.dumps(out["record"], separators=(",", ":"), ensure_ascii=True)
-    blob = f"{site}\n{request.priority}\n{record}\n".encode() + _payload_without_record(payload)
-    return out["fp"], int(out["interval"] * 1000), blob
+    head = f"{site}\n{request.priority}\n".encode()
+    entries = [(out["fp"], int(out["interval"] * 1000), head + record.encode() + b"\n"
+                + _payload_without_record(payload))]  # fmt: skip
+    for fingerprint, interval, url in out.get("also", []):
+        original = _original_payload(payload, url)
+        if original is not None:
+            entries.append(
+                (fingerprint, int(interval * 1000), head + b'{"redirect":1}\n' + original)
+            )
+    return entries
 
 
 class RevisitLinksMiddleware:
@@ -287,11 +312,19 @@ class RevisitMiddleware:
         if 200 <= response.status < 300:
             record.update(self._validators(response, {}))
         # validators go only with a page that led nowhere else (RevisitLinksMiddleware)
-        request.meta[REVISIT_OUT_META_KEY] = {
-            "fp": fingerprint,
-            "interval": interval,
-            "record": record,
-        }
+        out: dict[str, Any] = {"fp": fingerprint, "interval": interval, "record": record}
+        redirected = request.meta.get("redirect_urls")
+        if isinstance(redirected, list) and redirected and isinstance(redirected[0], str):
+            # the URL the links name: seen, and never fetched itself but through this one
+            try:
+                first = request.replace(url=redirected[0])
+            except ValueError:  # not a URL (a redirect chain another component wrote)
+                first = None
+            again = self.config.interval(first) if first is not None else 0.0
+            fingerprint_first = self._fingerprint(first) if again > 0 and first else None
+            if fingerprint_first is not None and fingerprint_first != fingerprint:
+                out["also"] = [(fingerprint_first, again, redirected[0])]
+        request.meta[REVISIT_OUT_META_KEY] = out
         return response
 
     def _fingerprint(self, request: Request) -> bytes | None:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,8 @@ class RunTracker:
             return
         self.run_id, self.started_ms = run_id.decode(), int(started)
         assert self.crawler.stats is not None
-        self._since = dict(self.crawler.stats.get_stats())
+        # what this node did since it left its last run (or started) is this run's: the seed
+        # that made it join was taken before
         self.crawler.stats.set_value("run/id", self.run_id)
         store = MongoStore.existing(self.crawler)
         if store is not None:
@@ -150,7 +152,13 @@ class RunTracker:
     def _node(self) -> str:
         return str(self._scheduler().node_id)
 
-    async def _leave(self) -> None:
+    def _node_timeout(self) -> float:
+        from project.monitoring.node import MonitorConfig
+
+        config = MonitorConfig.from_settings(self.crawler.settings)
+        return config.node_timeout if config.enabled else 0.0
+
+    async def _leave(self, *, closing: bool = False) -> None:
         """Leave the run with this node's counters; the last node out writes the report."""
         if self.run_id is None or self._server is None:
             return
@@ -158,18 +166,27 @@ class RunTracker:
         mine = counters(self.crawler.stats.get_stats(), self._since)
         run_id, self.run_id = self.run_id, None
         self._since = dict(self.crawler.stats.get_stats())
-        try:
-            reply = await self._server.eval(
-                _LEAVE.source, len(_LEAVE.keys), *_LEAVE.keys_from(self.keys),
-                self._node(), run_id, json.dumps(mine),
-            )  # fmt: skip
-        except RedisError as exc:
-            logger.warning("could not leave the crawl run %s (%s): no report", run_id, exc)
-            return
+        # The work is done but another node is still in the run: it ends it when it leaves,
+        # unless it was killed; its presence expires within MONITOR_NODE_TIMEOUT, so ask again.
+        deadline = time.monotonic() + (self._node_timeout() + 2 if closing else 0)
+        while True:
+            try:
+                reply = await self._server.eval(
+                    _LEAVE.source, len(_LEAVE.keys), *_LEAVE.keys_from(self.keys),
+                    self._node(), run_id, json.dumps(mine),
+                )  # fmt: skip
+            except RedisError as exc:
+                logger.warning("could not leave the crawl run %s (%s): no report", run_id, exc)
+                return
+            if reply[0] != b"left" or int(reply[2]) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(1.0)
         if reply[0] != b"final":
             return
         if MongoStore.existing(self.crawler) is None:
-            logger.info("Crawl run %s ended; this node stores no items, so it writes no report", run_id)
+            logger.info(
+                "Crawl run %s ended; this node stores no items, so it writes no report", run_id
+            )
             return
         started, ended = int(reply[1]), int(reply[2])
         nodes = {}
@@ -191,6 +208,6 @@ class RunTracker:
             return
         # whatever this node's reason: a run ends when its work is done (run_leave.lua)
         try:
-            await self._leave()
+            await self._leave(closing=True)
         finally:
             await self._server.aclose()

@@ -16,8 +16,9 @@
     ARGV[2]  the run it leaves
     ARGV[3]  its counters for that run, JSON
   Output: {'final', started ms, ended ms, node, counters, ...} when this node ended the run;
-          {'left'} when others are still in it or work is left; {'other'} when the run is
-          no longer current (another node ended it)
+          {'left', nodes still in it, work left (0/1)} when others are still in it or work
+          is left; {'other'} when the run is no longer current (another node ended it).
+          Leaving again is harmless: a node whose run could not end yet asks again
 ]]
 --@include lib/time.lua
 --@include lib/crawl.lua
@@ -33,9 +34,9 @@ if redis.call('ZCARD', K.alive) > 0 then
         if not until_ms or until_ms < now then redis.call('SREM', members, node) end
     end
 end
-if redis.call('SCARD', members) > 0 or work_left() > 0 or start_running() == 1 then
-    return {'left'}
-end
+local busy = (work_left() > 0 or start_running() == 1) and 1 or 0
+local others = redis.call('SCARD', members)
+if others > 0 or busy == 1 then return {'left', others, busy} end
 local out = {'final', redis.call('HGET', K.runs, 'started'), string.format('%.0f', now)}
 for _, v in ipairs(redis.call('HGETALL', stats)) do out[#out + 1] = v end
 redis.call('DEL', K.runs, members, stats)
