@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
 def _run_two_nodes(fleet: Fleet) -> None:
     fleet.start_node()
     fleet.start_node()
+    # both step before the seed goes in: a crawl of two seconds is over before a late node
+    fleet.wait_ready()
 
 
 def _assert_two_nodes_finished(fleet: Fleet, timeout: float = 180) -> None:

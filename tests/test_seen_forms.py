@@ -215,3 +215,20 @@ def test_bytes_per_url_at_the_expected_count(
     assert fresh == 0  # exact never; Bloom at 1e-6, 0.02 expected in 20,000
     for key in redis_client.scan_iter(match=keys.dupefilter + "*", count=10_000):
         redis_client.delete(key)
+
+
+def test_clear_deletes_a_compact_seen_set_and_the_revisits(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    from project.frontier.admin import clear_frontier
+
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        queue = await _queue(client, keys, FORMS["bloom"])
+        await queue.step(StepBatch(enqueue=[_entry(n) for n in range(50)],
+                                   revisits=[(b"fp", 60_000, b's\n0\n{}\n{"url":"http://s/"}')]))  # fmt: skip
+
+    _run(redis_url, scenario)
+    redis_client.sadd(keys.runs + ":members", "node")
+    assert clear_frontier(redis_client, keys) > 0
+    assert list(redis_client.scan_iter(match=keys.dupefilter + "*")) == []
+    assert not redis_client.exists(keys.revisit, keys.due, keys.runs + ":members")

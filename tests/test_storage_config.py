@@ -39,7 +39,11 @@ def test_config_defaults() -> None:
         write_concern="majority",
         crawl_id="shop-20260102T030405Z",
         legacy_journal_dirs=(Path(".state/journal/shop"),),
+        spider="shop",
     )
+    assert config.changes_collection == "changes"
+    assert config.runs_collection == "crawl_runs"
+    assert not config.crawl_id_set  # the fleet's crawl run id replaces it
     assert ValidationConfig.from_settings(Settings()) == ValidationConfig(
         enabled=True, store_rejects=True
     )
@@ -107,7 +111,8 @@ def test_config_rejects_unusable_values(name: str, value: object) -> None:
         ("MONGO_ID_FIELD", "did you mean MONGO_ID_FIELDS?"),
         (
             "MONGO_HOST",
-            "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_COLLECTIONS, MONGO_DATABASE",
+            "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_CHANGES_COLLECTION, MONGO_COLLECTIONS,"
+            " MONGO_DATABASE",
         ),
     ],
 )

@@ -398,7 +398,8 @@ def test_row11_missing_privileges_are_errors_in_the_log_and_the_stats(
     assert any("writes refused, journaling to" in e for e in errors), errors
     assert any("journal replay refused" in e for e in errors), errors
     assert all("Unauthorized" in e or "OperationFailure 13" in e for e in errors), errors
-    assert len(errors) == 4, "each fault once (two indexes, the write, the replay), not per retry"
+    # the indexes: sku, rejects' crawl_id, the change history's item_id and at
+    assert len(errors) == 6, "each fault once (four indexes, the write, the replay), not per retry"
     assert stats["mongo/permanent_errors"] >= 6
     assert "OperationFailure 13" in stats["mongo/last_error"]
     assert stats["mongo/journaled"] == 1

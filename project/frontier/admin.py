@@ -35,14 +35,20 @@ def site_queue_pattern(keys: FrontierKeys) -> str:
 
 
 def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
-    """Delete the spider's frontier: site queues, seen-set, seeds, leases, limits, dead letters.
+    """Delete the spider's frontier: site queues, seen-set (in any form), revisits, the crawl
+    run, seeds, leases, limits, dead letters.
 
     Node records, history and the robots.txt cache stay. Returns the keys deleted.
     """
     site_queues = list(client.scan_iter(match=site_queue_pattern(keys), count=1000))
+    # the compact seen-set forms (lua/lib/seen.lua): buckets, Bloom parts, their count and form
+    seen = list(
+        client.scan_iter(match=_GLOB_SPECIAL.sub(r"\\\1", keys.dupefilter) + ":*", count=1000)
+    )
     holders: Any = client.zrange(keys.holders, 0, -1)
     permits = [keys.permits_of(node.decode("utf-8", "surrogateescape")) for node in holders]
-    doomed = [*site_queues, *permits, *keys.frontier()]
+    runs = [keys.runs + ":members", keys.runs + ":stats"]
+    doomed = [*site_queues, *seen, *permits, *runs, *keys.frontier()]
     deleted = 0
     for start in range(0, len(doomed), 1000):
         deleted += int(client.delete(*doomed[start : start + 1000]))

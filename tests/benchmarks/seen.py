@@ -7,7 +7,10 @@ For stock scrapy-redis (40-character hex fingerprints, ``SADD``), today's plain 
 (sized for the count, 1e-6), each count in a fresh database of a private Redis:
 ``used_memory`` (``INFO memory``) before and after, over the count; URLs per second, in
 batches of 1000 (one script call or one pipelined ``SADD`` each). Ratios are against stock
-scrapy-redis measured in the same run; with ``--runs`` above 1, medians. Bloom mode is also
+scrapy-redis measured in the same run; with ``--runs`` above 1, medians. Then the enqueue
+phase itself: ``--step-urls`` requests (100,000) through the step script (lua/step.lua, batches
+of 500 with payloads, as nodes send them), URLs per second for each of fleetcrawl's forms
+against the plain set. Bloom mode is also
 checked for false positives on as many fresh fingerprints (at most 1e6), marking none.
 """
 
@@ -74,12 +77,53 @@ def _fill(client: redis.Redis, form: str, count: int) -> tuple[float, float, flo
     return per_url, count / elapsed, false_positive
 
 
+def _step_rate(url: str, form: str, count: int) -> float:
+    """URLs per second through the step script's enqueue phase, in the given seen-set form."""
+    import asyncio
+
+    import redis.asyncio
+
+    from project.frontier.config import SiteLimits
+    from project.frontier.keys import FrontierKeys
+    from project.frontier.queue import LeasedQueue, StepBatch
+
+    keys = FrontierKeys.for_spider("bench")
+    config = SeenConfig(form, count, 1e-6)
+
+    async def run() -> float:
+        client = redis.asyncio.from_url(url)
+        await client.flushdb()
+        queue = LeasedQueue(client, None, keys, "bench", 60_000, SiteLimits(concurrency=0))  # type: ignore[arg-type]
+        queue.seen_form = config.form()
+        if form == "bloom":
+            script = client.register_script(lua.load("seen").source)
+            await script(
+                keys=[keys.dupefilter], args=[json.dumps({**config.form(), "do": "prepare"})]
+            )
+        elapsed = 0.0
+        for start in range(0, count, 500):
+            fps = _fingerprints(start, min(500, count - start))
+            batch = StepBatch(enqueue=[
+                (b"f" + fp, f"site{i % 50}", 0, b'{"url":"http://site%d/p/%d"}' % (i % 50, start + i), "")
+                for i, fp in enumerate(fps)
+            ])  # fmt: skip
+            began = time.perf_counter()
+            await queue.step(batch)
+            elapsed += time.perf_counter() - began
+        await client.flushdb()
+        await client.aclose()
+        return count / elapsed
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--counts", default="1e5,1e6,1e7")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--step-urls", type=int, default=100_000)
     args = parser.parse_args()
     counts = [int(float(c)) for c in args.counts.split(",")]
     with tempfile.TemporaryDirectory() as state:
@@ -106,6 +150,13 @@ def main() -> None:
                         f" | {rate:,.0f} | {rate / stock_rate:.2f} | {shown} |",
                         flush=True,
                     )
+            print()
+            print("| form | enqueue (step script) URLs/s | x set |")
+            print("|---|---|---|")
+            rates = {f: statistics.median(_step_rate(cfg.redis_url, f, args.step_urls)
+                                          for _ in range(args.runs)) for f in ("set", "exact", "bloom")}  # fmt: skip
+            for form, rate in rates.items():
+                print(f"| {form} | {rate:,.0f} | {rate / rates['set']:.2f} |", flush=True)
             client.close()
         finally:
             stop_service(cfg, "redis")
