@@ -161,4 +161,10 @@ def _check(settings: BaseSettings) -> None:
     if MonitorConfig.from_settings(settings).enabled:
         StatsFileConfig.from_settings(settings)
     RenderingConfig.from_settings(settings)
-    RunsConfig.from_settings(settings)
+    runs = RunsConfig.from_settings(settings)
+    if RevisitConfig.from_settings(settings).rules and not runs.enabled:
+        # a page is revisited once per crawl run: without runs, pages linking each other
+        # would be fetched again and again within one crawl
+        raise NotConfigured(
+            "FLEET_REVISIT needs RUNS_ENABLED (a revisit happens once per crawl run)"
+        )

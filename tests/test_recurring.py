@@ -235,3 +235,24 @@ def test_a_killed_node_does_not_keep_its_run_from_ending(
     assert report["items"]["stored"] == 150
     assert report["nodes"] == 1  # the killed node's counters are lost with it
     assert f"Crawl run {report['_id']} of products" in fleet.log(1)
+
+
+def test_pages_not_due_yet_keep_their_items_alive(
+    fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any]
+) -> None:
+    shop = make_shop(60)
+    # listings go again after a second, products only tomorrow
+    fleet.settings.update(FLEET_REVISIT={"/product/": "1d", ".": "1s"})
+    _crawl(fleet, shop)
+    shop.reset()
+    time.sleep(1.2)
+    (second,) = _crawl(fleet, shop)
+    stats = fleet.stats(second)
+    assert shop.stats()["product_hits"] == {}  # no product page fetched again
+    assert stats["revisit/not_due"] == 60
+    assert stats["mongo/touched"] == 60
+    assert mongo["products"].count_documents({"gone_at": {"$exists": True}}) == 0
+    report = mongo["crawl_runs"].find_one({"_id": stats["run/id"]})
+    assert report is not None
+    assert report["items"]["stored"] == 60
+    assert report["alerts"] == []

@@ -272,6 +272,6 @@ def test_a_redirected_page_also_records_the_url_its_links_name() -> None:
     assert json.loads(own[2].split(b"\n", 3)[2])["etag"] == '"e"'
     assert first[0] == b"http://s/old"
     assert first[1] == 3_600_000
-    site, priority, record, original = first[2].split(b"\n", 3)
+    _site, _priority, record, original = first[2].split(b"\n", 3)
     assert json.loads(record) == {"redirect": 1}  # no validators: fetched whole, it redirects
     assert json.loads(original) == {"url": "http://s/old", "meta": {"k": 2}}

@@ -111,8 +111,10 @@ def test_config_rejects_unusable_values(name: str, value: object) -> None:
         ("MONGO_ID_FIELD", "did you mean MONGO_ID_FIELDS?"),
         (
             "MONGO_HOST",
-            "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_CHANGES_COLLECTION, MONGO_COLLECTIONS,"
-            " MONGO_DATABASE",
+            (
+                "the MONGO_ settings are MONGO_BATCH_SIZE, MONGO_CHANGES_COLLECTION, MONGO_COLLECTIONS,"
+                " MONGO_DATABASE"
+            ),
         ),
     ],
 )

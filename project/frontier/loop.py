@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.queue import StepBatch
-from project.frontier.revisit import REVISIT_META_KEY, revisit_entries
+from project.frontier.revisit import REVISIT_META_KEY, revisit_entries, touch_items
 from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import requests_from_seed
@@ -515,6 +515,10 @@ class FrontierLoop:
             if outcome["action"] != "retry":
                 record = self._dead_record(request.url, lease.site, outcome, lease.payload)
                 self._settle(dead=(lease.member, record))
+                last = request.meta.get(REVISIT_META_KEY)
+                if isinstance(last, dict):
+                    # a revisit that failed tells nothing of its items: they stay alive
+                    touch_items(self.crawler, [json.dumps(last).encode()])
             if outcome.get("pause"):
                 self._settle(pause=(lease.site, int(outcome["pause"] * 1000)))
 
@@ -650,6 +654,9 @@ class FrontierLoop:
         self._count("revisit/recorded", len(batch.revisits))
         self._count("revisit/rediscovered", result.revisits[0])
         self._count("revisit/due", result.revisits[1])
+        if result.still_linked:
+            self._count("revisit/not_due", len(result.still_linked))
+            touch_items(self.crawler, result.still_linked)
         if result.duplicate_at:
             self._log_duplicates([batch.enqueue[i][3] for i in result.duplicate_at])
         self._accept_leases(result.leased)

@@ -105,6 +105,8 @@ class StepResult:
     spare_back: list[tuple[str, int]] = field(default_factory=list)
     #: Seen URLs queued again because their revisit was due: rediscovered, handed out.
     revisits: tuple[int, int] = (0, 0)
+    #: Records of URLs rediscovered before their revisit is due: their items are still there.
+    still_linked: list[bytes] = field(default_factory=list)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -258,6 +260,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 if int(reply[15][j + 2])
             ],
             revisits=(int(reply[16][0]), int(reply[16][1])),
+            still_linked=list(reply[17]),
         )
 
     async def claim_start(self, *, new_crawl: bool) -> str:

@@ -18,6 +18,7 @@ grows by two fifths when it did not, within ``FLEET_REVISIT_MIN`` and ``FLEET_RE
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -49,6 +50,7 @@ __all__ = [
     "RevisitMiddleware",
     "parse_duration",
     "revisit_entries",
+    "touch_items",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,9 +64,11 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 INC_RATE, DEC_RATE = 0.4, 0.2
 #: Items a page's record names for a 304 to bump; a page with more is always fetched whole.
-_MAX_ITEMS = 200
+_MAX_ITEMS = 100
 _MAX_VALIDATOR = 256
-_MAX_REF = 2048
+_MAX_REF = 512
+#: A page answering these is gone: its URL is no longer revisited.
+_FORGET_STATUSES = frozenset({404, 410})
 
 
 def parse_duration(value: object, name: str = "duration") -> float:
@@ -184,6 +188,46 @@ def _original_payload(payload: bytes, url: str) -> bytes | None:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _refs(items: object) -> list[tuple[str, str]]:
+    """(collection, _id) pairs of a record's items, whatever the record holds."""
+    if not isinstance(items, list):
+        return []
+    return [(ref[0], ref[1]) for ref in items[:_MAX_ITEMS]
+            if isinstance(ref, list) and len(ref) == 2 and all(isinstance(x, str) for x in ref)]  # fmt: skip
+
+
+def touch_items(crawler: Crawler, records: list[bytes]) -> None:
+    """Pages still linked but not due (or not fetched): their last items are still there."""
+    refs: list[tuple[str, str]] = []
+    for raw in records:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            refs += _refs(record.get("items"))
+    if not refs:
+        return
+    from project.storage.store import MongoStore
+
+    store = MongoStore.existing(crawler)
+    if store is None:
+        return
+    task = asyncio.ensure_future(store.touch(refs))
+    _pending.add(task)
+    task.add_done_callback(_touched)
+
+
+_pending: set[asyncio.Future[None]] = set()
+
+
+def _touched(task: asyncio.Future[None]) -> None:
+    _pending.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        # the items keep their last_seen: the run's end may call them gone, not lose them
+        logger.error("could not keep %s alive: %s", "items", task.exception())
+
+
 def revisit_entries(request: Request, site: str, payload: bytes) -> list[tuple[bytes, int, bytes]]:
     """The revisit section entries (lua/step/revisit.lua) of a fetched request: its own, and
     the first URL of its redirects' (fetched again next time, that one leads here again)."""
@@ -279,7 +323,8 @@ class RevisitMiddleware:
     ) -> Response:
         base = self.config.interval(request)
         last = _record(request)
-        if base <= 0 and last is None:
+        also = self._first_of_redirects(request)
+        if base <= 0 and last is None and not also:
             return response
         fingerprint = self._fingerprint(request)
         if fingerprint is None:
@@ -289,43 +334,50 @@ class RevisitMiddleware:
             if last and isinstance(last.get("i"), int | float)
             else 0.0
         )
-        if response.status == 304 and last is not None:
+        if response.status == 304:
+            if last is None:
+                return response  # not asked by this node: nothing known of the page, say nothing
             self.stats.inc_value("revisit/not_modified")
             self.stats.inc_value("revisit/unchanged")
             interval = self.config.next_interval(previous, base, changed=False)
             record = {**last, "i": int(interval * 1000)}
             record.update(self._validators(response, record))
-            request.meta[REVISIT_OUT_META_KEY] = {
-                "fp": fingerprint,
-                "interval": interval,
-                "record": record,
-            }
+            request.meta[REVISIT_OUT_META_KEY] = {"fp": fingerprint, "interval": interval,
+                                                  "record": record}  # fmt: skip
             await self._touch(record.get("items"))
             raise NotModified(f"{response.url[:200]}: not modified")
-        digest = hashlib.sha1(response.body, usedforsecurity=False).hexdigest()[:16]
+        ok = 200 <= response.status < 300
         changed: bool | None = None
-        if last is not None:
+        digest = hashlib.sha1(response.body, usedforsecurity=False).hexdigest()[:16]
+        if last is not None and ok:
             changed = last.get("h") != digest
             self.stats.inc_value("revisit/changed" if changed else "revisit/unchanged")
         interval = self.config.next_interval(previous, base, changed)
+        if response.status in _FORGET_STATUSES:
+            interval = 0.0  # the page is gone: its URL leaves the revisits (its items go too)
         record = {"h": digest, "i": int(interval * 1000), "items": []}
-        if 200 <= response.status < 300:
+        if ok:
+            # validators go only with a page that led nowhere else (RevisitLinksMiddleware)
             record.update(self._validators(response, {}))
-        # validators go only with a page that led nowhere else (RevisitLinksMiddleware)
         out: dict[str, Any] = {"fp": fingerprint, "interval": interval, "record": record}
-        redirected = request.meta.get("redirect_urls")
-        if isinstance(redirected, list) and redirected and isinstance(redirected[0], str):
-            # the URL the links name: seen, and never fetched itself but through this one
-            try:
-                first = request.replace(url=redirected[0])
-            except ValueError:  # not a URL (a redirect chain another component wrote)
-                first = None
-            again = self.config.interval(first) if first is not None else 0.0
-            fingerprint_first = self._fingerprint(first) if again > 0 and first else None
-            if fingerprint_first is not None and fingerprint_first != fingerprint:
-                out["also"] = [(fingerprint_first, again, redirected[0])]
+        if also and also[0] != fingerprint:
+            out["also"] = [also]
         request.meta[REVISIT_OUT_META_KEY] = out
         return response
+
+    def _first_of_redirects(self, request: Request) -> tuple[bytes, float, str] | None:
+        """The URL the links named when this request is a redirect of it, under a policy."""
+        redirected = request.meta.get("redirect_urls")
+        if not (isinstance(redirected, list) and redirected and isinstance(redirected[0], str)):
+            return None
+        try:
+            first = request.replace(url=redirected[0])
+        except ValueError:  # not a URL (a redirect chain another component wrote)
+            return None
+        again = self.config.interval(first)
+        fingerprint = self._fingerprint(first) if again > 0 else None
+        # seen, and never fetched itself but through this one: recorded with it
+        return (fingerprint, again, redirected[0]) if fingerprint is not None else None
 
     def _fingerprint(self, request: Request) -> bytes | None:
         from project.frontier.scheduler import FleetScheduler
@@ -354,9 +406,7 @@ class RevisitMiddleware:
         store = MongoStore.existing(self.crawler)
         if store is None:
             return
-        refs = [(ref[0], ref[1]) for ref in items
-                if isinstance(ref, list) and len(ref) == 2 and all(isinstance(x, str) for x in ref)]  # fmt: skip
-        await store.touch(refs)
+        await store.touch(_refs(items))
 
     def _item_scraped(self, item: Any, response: Response, spider: Spider) -> None:
         """Name the stored item in its page's record, for a later 304 to keep it alive."""
@@ -367,9 +417,15 @@ class RevisitMiddleware:
         from project.storage.store import MongoStore
 
         store = MongoStore.existing(self.crawler)
-        ref = store.stored_ref(item) if store is not None else None
+        if store is None:
+            return
+        ref = store.stored_ref(item)
         record = out["record"]
-        if ref is None or len(ref[1]) > _MAX_REF:
+        if ref is None or len(ref[1]) > _MAX_REF or len(ref[0]) > _MAX_REF:
+            # an item it cannot name (a later pipeline made another object, an id too long):
+            # no validators, so the next fetch parses the page and stores the item again
+            record.pop("etag", None)
+            record.pop("lm", None)
             return
         if len(record["items"]) >= _MAX_ITEMS:
             # too many to name: no validators, so the next fetch parses the page again

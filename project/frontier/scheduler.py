@@ -38,7 +38,7 @@ from project.frontier.loop import (
 from project.frontier.politeness import unreachable
 from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
-from project.frontier.revisit import RevisitConfig
+from project.frontier.revisit import REVISIT_META_KEY, RevisitConfig
 from project.frontier.seen import SeenConfig, SeenFormError, ensure_form
 from project.frontier.sites import (
     SiteResolver,
@@ -356,6 +356,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         # A redirect of a request this node holds: its lease is settled when the
         # original leaves the engine.
         request.meta.pop(LEASE_META_KEY, None)
+        if "redirect_urls" in request.meta and request.meta.pop(REVISIT_META_KEY, None):
+            # another URL: the validators of the one it came from do not apply to it
+            for header in (b"If-None-Match", b"If-Modified-Since"):
+                request.headers.pop(header, None)
         seed = request.meta.pop(SEED_META_KEY, False)
         refusal = url_refusal(request.url)
         if refusal is not None:

@@ -43,8 +43,8 @@ NODE_LOCAL_META = frozenset(
         "_frontier_lease",
         "_frontier_seed",
         "_frontier_retry_copy",
-        # revisits (project/frontier/revisit.py): the last fetch's record, this one's
-        "_fleet_revisit",
+        # revisits (project/frontier/revisit.py): this fetch's record for the next one (the
+        # last fetch's, _fleet_revisit, travels with a retry: it asks conditionally too)
         "_fleet_revisit_out",
         # robots.txt fetches (project/frontier/robots.py): the fleet's fetch lock, its site
         "_fleet_robots_lock",

@@ -399,12 +399,13 @@ def _schedule_command(args: argparse.Namespace) -> int:
         for node in nodes:
             jobs = set(started.get(str(node), []))
             try:
-                done = {
-                    job["id"] for job in node.get("listjobs.json", project=args.project)["finished"]
-                }
-            except (NodeError, KeyError, TypeError):
-                done = set()
-            left += len(jobs - done)
+                listed = node.get("listjobs.json", project=args.project)
+                busy = {job["id"] for job in [*listed["pending"], *listed["running"]]}
+            except (NodeError, KeyError, TypeError) as exc:
+                # a node that cannot answer runs nothing we could wait for
+                print(f"node {node}: cannot list its jobs ({exc})", file=sys.stderr, flush=True)
+                busy = set()
+            left += len(jobs & busy)
         return left
 
     def one_round() -> int:

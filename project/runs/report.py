@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from project.config import read_settings, setting
 from project.storage.config import MongoConfig
@@ -110,20 +110,25 @@ async def _mark_gone(
     query = {"source_spider": config.spider, "last_seen": {"$lt": started},
              "gone_at": {"$exists": False}}  # fmt: skip
     keys = [doc["_id"] async for doc in collection.find(query, {"_id": 1})]
+    marked = 0
     for start in range(0, len(keys), _IDS_PER_UPDATE):
         chunk = keys[start : start + _IDS_PER_UPDATE]
-        await collection.update_many({"_id": {"$in": chunk}}, {"$set": {"gone_at": ended}})
+        # the query again: an item a node saw meanwhile (a keep-alive fleet's next run) stays
+        await collection.update_many({**query, "_id": {"$in": chunk}}, {"$set": {"gone_at": ended}})
+        chunk = [doc["_id"] async for doc in collection.find(
+            {"_id": {"$in": chunk}, "gone_at": ended}, {"_id": 1})]  # fmt: skip
+        marked += len(chunk)
         changes = [
             {"_id": f"{key}|gone_at|{run_id}|{name}", "item_id": key, "collection": name,
              "field": "gone_at", "old": None, "new": ended, "at": ended, "crawl_id": run_id,
              "spider": config.spider}
             for key in chunk
         ]  # fmt: skip
-        for doc in changes:
-            # an earlier attempt at this report may have recorded it
-            with contextlib.suppress(DuplicateKeyError):
-                await database[config.changes_collection].insert_one(doc)
-    return len(keys)
+        if changes:
+            # an earlier attempt at this report may have recorded some (duplicate _id)
+            with contextlib.suppress(BulkWriteError):
+                await database[config.changes_collection].insert_many(changes, ordered=False)
+    return marked
 
 
 def _compare(report: _Document, previous: _Document | None, config: RunsConfig) -> list[str]:
@@ -169,15 +174,26 @@ def _post(url: str, body: bytes) -> None:
     request = urllib.request.Request(  # noqa: S310 (the operator's own http(s) webhook)
         url, data=body, headers=headers, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=_WEBHOOK_TIMEOUT) as answer:  # noqa: S310
+    # no redirects: the Authorization header must not go on to wherever a 3xx points
+    opener = urllib.request.build_opener(_NoRedirect)
+    with opener.open(request, timeout=_WEBHOOK_TIMEOUT) as answer:
         answer.read()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 3xx is then an HTTPError: the alert was not delivered
 
 
 async def finish_run(
     settings: BaseSettings, spider: str, run_id: str, started: float, ended: float,
-    nodes: dict[str, dict[str, Any]], config: RunsConfig,
+    nodes: dict[str, dict[str, Any]], config: RunsConfig, *, whole: bool = True,
 ) -> _Document | None:  # fmt: skip
-    """Mark what is gone, store and print the run's report, alert on failed thresholds."""
+    """Mark what is gone, store and print the run's report, alert on failed thresholds.
+
+    *whole*: the run could fetch every page again (see RunTracker): only then are the items it
+    did not see gone.
+    """
     counts = _summed(nodes)
     pages = _total(counts, "downloader/response_count")
     if not pages:
@@ -197,7 +213,7 @@ async def finish_run(
         # A whole crawl: it began from the seeds (a keep-alive fleet's run of due revisits
         # fetches only those), and no item waits in a journal (not in MongoDB yet)
         seeded = _total(counts, "frontier/seeds/accepted", "frontier/start/requests") > 0
-        complete = seeded and not counts.get("mongo/journaled")
+        complete = whole and seeded and not counts.get("mongo/journaled")
         if config.mark_gone and complete:
             for name in collections:
                 gone += await _mark_gone(database, mongo, name, run_id, start_at, end_at)

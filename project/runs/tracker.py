@@ -25,6 +25,7 @@ from scrapy.exceptions import NotConfigured
 
 from project.frontier import lua
 from project.frontier.config import FrontierConfig
+from project.frontier.revisit import RevisitConfig
 from project.runs.report import RunsConfig, finish_run
 from project.storage.store import MongoStore
 
@@ -188,16 +189,20 @@ class RunTracker:
                 "Crawl run %s ended; this node stores no items, so it writes no report", run_id
             )
             return
-        started, ended = int(reply[1]), int(reply[2])
+        started, ended, fresh = int(reply[1]), int(reply[2]), reply[3] == b"1"
         nodes = {}
-        for j in range(3, len(reply), 2):
+        for j in range(4, len(reply), 2):
             try:
                 nodes[reply[j].decode()] = json.loads(reply[j + 1])
             except ValueError:
                 continue
+        # Items the run did not see are gone only if it could have seen them all: it began
+        # with an empty seen-set, or the pages are under revisit policies (a seen URL under
+        # none is never fetched again, and its items would all look gone)
+        revisiting = bool(RevisitConfig.from_settings(self.crawler.settings).rules)
         await finish_run(
             self.crawler.settings, self.spider.name, run_id, started / 1000, ended / 1000, nodes,
-            self.config,
+            self.config, whole=fresh or revisiting,
         )  # fmt: skip
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:

@@ -104,8 +104,9 @@ class MongoStore:
         self._opening: asyncio.Task[None] | None = None
         #: The finish reason of a node that could not open its store.
         self.fatal: str | None = None
-        # (collection, _id) of items stored and not yet scraped, by id(): revisits name them
-        self._refs: dict[int, tuple[str, str]] = {}
+        # items stored and not yet scraped, by id() with the item itself (an id() is reused
+        # once its object is gone): revisits name them by (collection, _id)
+        self._refs: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._coverage: dict[str, set[str]] = {}
 
     @classmethod
@@ -139,11 +140,12 @@ class MongoStore:
         """Note where *item* was stored, until it is scraped (:meth:`stored_ref`)."""
         if len(self._refs) >= _MAX_REFS:
             self._refs.pop(next(iter(self._refs)))  # items that never reached item_scraped
-        self._refs[id(item)] = (placed.collection, placed.id)
+        self._refs[id(item)] = (item, (placed.collection, placed.id))
 
     def stored_ref(self, item: Any) -> tuple[str, str] | None:
         """(collection, _id) *item* was stored under, once."""
-        return self._refs.pop(id(item), None)
+        found = self._refs.pop(id(item), None)
+        return found[1] if found is not None and found[0] is item else None
 
     async def touch(self, refs: Sequence[tuple[str, str]], *, seen: float | None = None) -> None:
         """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""

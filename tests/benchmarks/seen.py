@@ -130,7 +130,7 @@ def main() -> None:
         cfg = ServicesConfig(state_dir=Path(state), redis_port=free_port(), mongo_port=free_port())
         start_redis(cfg)
         try:
-            client = redis.Redis.from_url(cfg.redis_url)
+            client = redis.Redis.from_url(cfg.redis_url, socket_timeout=900)
             print("| URLs | form | bytes/URL | x stock | URLs/s | x stock | false positives |")
             print("|---|---|---|---|---|---|---|")
             for count in counts:

@@ -15,7 +15,8 @@
     ARGV[1]  the node's id
     ARGV[2]  the run it leaves
     ARGV[3]  its counters for that run, JSON
-  Output: {'final', started ms, ended ms, node, counters, ...} when this node ended the run;
+  Output: {'final', started ms, ended ms, fresh (1: the seen-set was empty when it began),
+          node, counters, ...} when this node ended the run;
           {'left', nodes still in it, work left (0/1)} when others are still in it or work
           is left; {'other'} when the run is no longer current (another node ended it).
           Leaving again is harmless: a node whose run could not end yet asks again
@@ -37,7 +38,8 @@ end
 local busy = (work_left() > 0 or start_running() == 1) and 1 or 0
 local others = redis.call('SCARD', members)
 if others > 0 or busy == 1 then return {'left', others, busy} end
-local out = {'final', redis.call('HGET', K.runs, 'started'), string.format('%.0f', now)}
+local out = {'final', redis.call('HGET', K.runs, 'started'), string.format('%.0f', now),
+             redis.call('HGET', K.runs, 'fresh') or '0'}
 for _, v in ipairs(redis.call('HGETALL', stats)) do out[#out + 1] = v end
 redis.call('DEL', K.runs, members, stats)
 redis.call('HSET', K.runs, 'idle_since', string.format('%.0f', now))

@@ -64,7 +64,8 @@
            permits granted {site, n, ...}, for each site of the ahead section this node's
            share of its cap (0: no cap) and its spare permits that went back
            {site, share, back, ...}},
-           revisits queued: {rediscovered and due, handed out by maintenance}
+           revisits queued: {rediscovered and due, handed out by maintenance},
+           {record, ...} of URLs rediscovered before their revisit is due
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -92,7 +93,7 @@ local now = now_ms()
 local deadline = now + opt.lease_ms
 local at = 2 -- ARGV[1] is the options; the sections start after it
 
-local added, dupes, offsite, dupe_list, rediscovered = enqueue(at, n.enqueue, opt, now)
+local added, dupes, offsite, dupe_list, rediscovered, still = enqueue(at, n.enqueue, opt, now)
 at = at + n.enqueue * ENQUEUE_WIDTH
 local stale = settle(at, n.ack, n.retry, n.dead, now)
 at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
@@ -131,4 +132,4 @@ end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}}
+        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}, still}

@@ -27,9 +27,11 @@
   Options: list_dupes (true): also return the batch positions (0-based) of the duplicates,
   for DUPEFILTER_DEBUG's log lines; seen: the seen-set's form (lib/seen.lua).
   Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...},
-           revisits (seen URLs queued again because they were due)
+           revisits (seen URLs queued again because they were due), {record, ...} of URLs
+           rediscovered before their revisit is due (step/revisit.lua)
 ]]
 local ENQUEUE_WIDTH = 5
+local MAX_STILL = 1000 -- records of rediscovered URLs not due, returned per step
 
 -- The URL's own site of a '+' or '=' scope: written after the sign when it differs
 local function own_site(scope, site)
@@ -74,12 +76,12 @@ local function in_scope(count, at)
 end
 
 local function enqueue(at, count, opt, now)
-    if count == 0 then return 0, 0, 0, {}, 0 end
+    if count == 0 then return 0, 0, 0, {}, 0, {} end
     local keep = in_scope(count, at)
     local fps = {}
     for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
     local flags = seen_mark(fps, opt.seen)
-    local fresh, listed, in_batch = {}, {}, {}
+    local fresh, listed, in_batch, still = {}, {}, {}, {}
     local dupes, revisits = 0, 0
     for j, e in ipairs(keep) do
         local i = at + e * ENQUEUE_WIDTH
@@ -87,8 +89,10 @@ local function enqueue(at, count, opt, now)
         local payload = ARGV[i + 3]
         local seen = flags[j]
         if seen and mode == 'r' and not in_batch[fps[j]] then
-            payload = revisit_due(fps[j], payload, now)
+            local record
+            payload, record = revisit_due(fps[j], payload, now)
             if payload then revisits = revisits + 1; seen = false end
+            if record and #still < MAX_STILL then still[#still + 1] = record end
         end
         in_batch[fps[j]] = true
         if seen and mode ~= 'm' then
@@ -99,5 +103,5 @@ local function enqueue(at, count, opt, now)
         end
     end
     if #fresh > 0 then push_grouped(group_by_site(fresh)) end
-    return #fresh, dupes, count - #keep, listed, revisits
+    return #fresh, dupes, count - #keep, listed, revisits, still
 end

@@ -14,7 +14,9 @@
   revisit_due(fp, payload, now): the payload to queue when a seen URL is rediscovered, its
     revisit is due and its last fetch was in another crawl run (a page is fetched once per
     crawl, however short its interval), with the record added as its "revisit" field; else
-    nil. It is then due again one interval later, so a lost revisit comes back.
+    nil. It is then due again one interval later, so a lost revisit comes back. The first
+    rediscovery in a run of a URL not due yet returns nil and its record: the node keeps that
+    page's items alive.
   revisits_due(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
     due revisits of URLs nobody rediscovered; returns how many.
 ]]
@@ -58,7 +60,7 @@ local current_run = nil -- read once per step, when a rediscovered URL is due
 
 local function revisit_due(fp, payload, now)
     local due = tonumber(redis.call('ZSCORE', K.due, fp))
-    if not due or due > now then return nil end
+    if not due then return nil end
     local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
     if not parts then
         redis.call('ZREM', K.due, fp)
@@ -66,10 +68,13 @@ local function revisit_due(fp, payload, now)
     end
     if current_run == nil then current_run = redis.call('HGET', K.runs, 'id') or '' end
     if parts[2] ~= '' and parts[2] == current_run then return nil end
-    redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-    -- queued in this run now: rediscovered again before its fetch is recorded, it stays put
+    -- dealt with in this run now: rediscovered again, it stays put
     parts[2] = current_run
     redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
+    -- not due: still linked, so what its page gave last time is still there (the node
+    -- bumps those items' last_seen, or the run's end would mark them gone)
+    if due > now then return nil, parts[5] end
+    redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
     return with_record(payload, parts[5])
 end
 
