@@ -162,8 +162,14 @@ def test_forms_are_sized_from_the_expected_count() -> None:
     bloom = SeenConfig("bloom", 1_000_000_000, 1e-6).form()
     # 28.8 bits a URL (3.6 bytes), k = 20, in parts SETBIT can address
     assert bloom["k"] == 20
-    assert bloom["bits"] <= 1 << 32
-    assert 28.7 < bloom["bits"] * bloom["parts"] / 1e9 < 28.9
+    assert max(bloom["sizes"]) <= 1 << 32
+    assert bloom["total"] == sum(bloom["sizes"])
+    assert 28.7 < bloom["total"] / 1e9 < 28.9
+    # each part one allocator size class (16 bytes of it Redis'): nothing lost to rounding
+    for size in bloom["sizes"][:-1]:
+        allocated = size // 8 + 16
+        top = 1 << (allocated.bit_length() - 1)
+        assert allocated * 4 % top == 0
 
 
 def test_flush_deletes_every_key_of_a_form(

@@ -42,6 +42,8 @@ _BUCKET_MEMBERS = 192
 _MAX_BUCKETS = 1 << 24
 #: Bits of one Bloom part: SETBIT's largest offset is 2^32 - 1 (a 512 MiB string).
 _MAX_PART_BITS = 1 << 32
+#: Bytes Redis adds to a string's own (sds header, terminator) within one allocation.
+_STRING_HEADER = 16
 _SCAN_COUNT = 1000
 _MIGRATE_BATCH = 1000
 
@@ -84,10 +86,29 @@ class SeenConfig:
             return {"mode": "exact", "buckets": min(buckets, _MAX_BUCKETS)}
         if self.mode == "bloom":
             bits = math.ceil(-self.expected * math.log(self.error_rate) / math.log(2) ** 2)
-            parts = math.ceil(bits / _MAX_PART_BITS)
             k = max(1, round(bits / self.expected * math.log(2)))
-            return {"mode": "bloom", "bits": math.ceil(bits / parts), "k": k, "parts": parts}
+            sizes = [part * 8 for part in _part_bytes(math.ceil(bits / 8))]
+            return {"mode": "bloom", "k": k, "sizes": sizes, "total": sum(sizes),
+                    "parts": len(sizes)}  # fmt: skip
         return {"mode": "set"}
+
+
+def _part_bytes(need: int) -> list[int]:
+    """Bloom parts of *need* bytes in all, each the size of one of jemalloc's size classes
+    (Redis' allocator rounds a string up to one: 25 % more at worst) less a string's header.
+
+    jemalloc's classes past 16 KiB are four per doubling (1, 1.25, 1.5, 1.75 x 2^n); the
+    largest that fits is taken until what is left is smaller than any.
+    """
+    classes = [2**n * i // 4 for n in range(14, 30) for i in (4, 5, 6, 7)]
+    classes = [c for c in classes if c <= _MAX_PART_BITS // 8]
+    parts, left = [], need
+    while left > 0:
+        fits = [c - _STRING_HEADER for c in classes if c - _STRING_HEADER <= left]
+        part = max(fits) if fits else left
+        parts.append(part)
+        left -= part
+    return parts
 
 
 def _conf_key(keys: FrontierKeys) -> str:

@@ -7,8 +7,9 @@
            fingerprint, which Redis keeps as intsets (8 bytes a member) while a bucket holds
            at most set-max-intset-entries (512; buckets are sized for about 128-256 each).
            A false duplicate needs two fingerprints equal in 53 + b bits.
-    bloom  "<dupefilter>:bloom:<part>": strings of `bits` bits, `k` bits set for each URL
-           (enhanced double hashing); a false positive skips a URL.
+    bloom  "<dupefilter>:bloom:<part>": strings of sizes[part] bits, `k` bits set for each
+           URL (enhanced double hashing) in one part, chosen in proportion to the sizes (the
+           parts are sized to the allocator's classes); a false positive skips a URL.
 
   The forms other than `set` count what they hold in "<dupefilter>:n" (SCARD for a set).
   Keys are built from K.dupefilter, so they share its hash slot when it has a hash tag.
@@ -16,7 +17,8 @@
   seen_mark(fps, cfg) marks every fingerprint of `fps` as seen; returns a table of
   booleans, true where that fingerprint was seen before (or earlier in `fps`), and how
   many were new. cfg: nil or {mode = 'set'}, {mode = 'exact', buckets = 2^b},
-  {mode = 'bloom', bits = per part, k = bits per URL, parts = P}.
+  {mode = 'bloom', sizes = {bits of each part}, total = their sum, k = bits per URL,
+  parts = #sizes}.
 ]]
 local SEEN_MEMBER_SPAN = 2 ^ 53 -- integers below it are exact in Lua's doubles
 
@@ -46,13 +48,19 @@ local function bloom_place(fp, cfg, op)
     local b = fp_bytes(fp)
     local h1 = ((b[1] * 256 + b[2]) * 256 + b[3]) * 256 + b[4]
     local h2 = ((b[5] * 256 + b[6]) * 256 + b[7]) * 256 + b[8]
-    local part = ((b[9] * 256 + b[10]) * 256 + b[11]) % cfg.parts
+    -- the part: 24 bits of the fingerprint spread over all the parts' bits
+    local at = ((b[9] * 256 + b[10]) * 256 + b[11]) / 16777216 * cfg.total
+    local part, bits = #cfg.sizes - 1, cfg.sizes[#cfg.sizes]
+    for p, size in ipairs(cfg.sizes) do
+        if at < size then part, bits = p - 1, size break end
+        at = at - size
+    end
     local args = {}
     for i = 0, cfg.k - 1 do
         -- below 2^32 * (1 + k) + k^3: exact in doubles for any k a setting allows
         args[#args + 1] = op
         args[#args + 1] = 'u1'
-        args[#args + 1] = (h1 + i * h2 + (i * i * i - i) / 6) % cfg.bits
+        args[#args + 1] = (h1 + i * h2 + (i * i * i - i) / 6) % bits
         if op == 'SET' then args[#args + 1] = 1 end
     end
     return K.dupefilter .. ':bloom:' .. part, args
@@ -112,20 +120,21 @@ local function seen_test(fps, cfg)
     return flags
 end
 
-local PRESIZE_MAX = 64 * 1024 * 1024 -- bytes: larger parts grow by 1 MiB at most past it
+-- bytes: a larger part is grown by SETBIT, which adds 1 MiB of slack (sds' greedy growth)
+local PRESIZE_MAX = 512 * 1024 * 1024
 
 -- Allocate a Bloom filter's parts at their size at once: a string grown bit by bit
 -- doubles its allocation below 1 MiB (sds' greedy growth)
 local function seen_prepare(cfg)
     if cfg.mode ~= 'bloom' then return end
-    local bytes = math.ceil(cfg.bits / 8)
-    for p = 0, cfg.parts - 1 do
-        local key = K.dupefilter .. ':bloom:' .. p
+    for p, size in ipairs(cfg.sizes) do
+        local key = K.dupefilter .. ':bloom:' .. (p - 1)
+        local bytes = math.ceil(size / 8)
         if redis.call('EXISTS', key) == 0 then
             if bytes <= PRESIZE_MAX then
                 redis.call('SET', key, string.rep('\0', bytes))
             else
-                redis.call('SETBIT', key, cfg.bits - 1, 0)
+                redis.call('SETBIT', key, size - 1, 0)
             end
         end
     end
