@@ -123,7 +123,8 @@ def main() -> None:
     )
     parser.add_argument("--counts", default="1e5,1e6,1e7")
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--step-urls", type=int, default=100_000)
+    parser.add_argument("--step-urls", type=int, default=100_000, help="0: no step table")
+    parser.add_argument("--forms", default="stock,set,exact,bloom", help="stock is the baseline")
     args = parser.parse_args()
     counts = [int(float(c)) for c in args.counts.split(",")]
     with tempfile.TemporaryDirectory() as state:
@@ -135,7 +136,7 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|")
             for count in counts:
                 results = {}
-                for form in ("stock", "set", "exact", "bloom"):
+                for form in ["stock", *[f for f in args.forms.split(",") if f != "stock"]]:
                     runs = [_fill(client, form, count) for _ in range(args.runs)]
                     results[form] = (
                         statistics.median(r[0] for r in runs),
@@ -150,6 +151,8 @@ def main() -> None:
                         f" | {rate:,.0f} | {rate / stock_rate:.2f} | {shown} |",
                         flush=True,
                     )
+            if not args.step_urls:
+                return
             print()
             print("| form | enqueue (step script) URLs/s | x set |")
             print("|---|---|---|")
