@@ -344,7 +344,8 @@ class RevisitMiddleware:
             record.update(self._validators(response, record))
             request.meta[REVISIT_OUT_META_KEY] = {"fp": fingerprint, "interval": interval,
                                                   "record": record}  # fmt: skip
-            await self._touch(record.get("items"))
+            # not awaited: the download slot goes on; the store has it before the run ends
+            touch_items(self.crawler, [json.dumps(record).encode()])
             raise NotModified(f"{response.url[:200]}: not modified")
         ok = 200 <= response.status < 300
         changed: bool | None = None
@@ -396,17 +397,6 @@ class RevisitMiddleware:
         return {name: value for name, value in found.items() if value} or {
             name: record[name] for name in ("etag", "lm") if name in record
         }
-
-    async def _touch(self, items: object) -> None:
-        """The items a 304 page gave last time are still there: bump their ``last_seen``."""
-        if not isinstance(items, list) or not items:
-            return
-        from project.storage.store import MongoStore
-
-        store = MongoStore.existing(self.crawler)
-        if store is None:
-            return
-        await store.touch(_refs(items))
 
     def _item_scraped(self, item: Any, response: Response, spider: Spider) -> None:
         """Name the stored item in its page's record, for a later 304 to keep it alive."""

@@ -14,6 +14,7 @@ the shop sent, wall seconds (seed to last exit). Ratios against crawl 1; medians
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import statistics
 import sys
@@ -61,17 +62,16 @@ class Recrawl(Bench):
         runs_before = mongo[DATABASE]["crawl_runs"].count_documents({})
         with tempfile.TemporaryDirectory(prefix="recrawl-") as name:
             tmp = Path(name)
-            saved, self.settings = self.settings, {**self.settings, **settings}
+            bench = dataclasses.replace(self, settings={**self.settings, **settings})
             procs: list[subprocess.Popen[bytes]] = []
             client.delete(_KEYS.nodes)  # this crawl waits for its own nodes to register
             try:
-                procs = [self._node(index, _CAP, tmp) for index in range(nodes)]
+                procs = [bench._node(index, _CAP, tmp) for index in range(nodes)]
                 _wait_registered(client, procs, tmp)
                 seeded = time.time()
                 client.lpush(_KEYS.start_urls, self.shop.url("/"))
                 exits, _ = _wait_exits(procs, tmp, self.timeout)
             finally:
-                self.settings = saved
                 for proc in procs:
                     if proc.poll() is None:
                         proc.kill()
