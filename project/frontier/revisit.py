@@ -259,7 +259,7 @@ class RevisitLinksMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if not RevisitConfig.from_settings(crawler.settings).rules:
-            raise NotConfigured("FLEET_REVISIT names no URLs")
+            raise NotConfigured  # FLEET_REVISIT names no URLs (no args: Scrapy logs no WARNING)
         return cls()
 
     @staticmethod
@@ -304,7 +304,7 @@ class RevisitMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = RevisitConfig.from_settings(crawler.settings)
         if not config.rules:
-            raise NotConfigured("FLEET_REVISIT names no URLs")
+            raise NotConfigured  # FLEET_REVISIT names no URLs (no args: Scrapy logs no WARNING)
         assert crawler.stats is not None
         return cls(crawler, config, crawler.stats)
 
