@@ -22,17 +22,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pymongo
 import redis
 
 from project.ops.services import ServicesConfig, free_port, start_mongo, start_redis, stop_service
-from tests.benchmarks.slowsite import _KEYS, DATABASE, Bench, _wait_exits, _wait_registered
+from tests.benchmarks.slowsite import _KEYS, DATABASE, Bench
 from tests.site.server import ShopServer
-
-if TYPE_CHECKING:
-    import subprocess
 
 REVISIT = {"FLEET_REVISIT": {".": "1s"}}
 _CAP = 16  # FLEET_SITE_CONCURRENCY of every crawl
@@ -63,19 +60,8 @@ class Recrawl(Bench):
         with tempfile.TemporaryDirectory(prefix="recrawl-") as name:
             tmp = Path(name)
             bench = dataclasses.replace(self, settings={**self.settings, **settings})
-            procs: list[subprocess.Popen[bytes]] = []
             client.delete(_KEYS.nodes)  # this crawl waits for its own nodes to register
-            try:
-                procs = [bench._node(index, _CAP, tmp) for index in range(nodes)]
-                _wait_registered(client, procs, tmp)
-                seeded = time.time()
-                client.lpush(_KEYS.start_urls, self.shop.url("/"))
-                exits, _ = _wait_exits(procs, tmp, self.timeout)
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
+            seeded, exits, _ = bench.run_nodes(nodes, _CAP, tmp, client)
         stats = self.shop.stats()
         deadline = time.monotonic() + 30
         while mongo[DATABASE]["crawl_runs"].count_documents({}) <= runs_before:

@@ -128,23 +128,32 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="slowsite-") as name:
             tmp = Path(name)
             started = time.time()
-            procs = [self._node(index, cap, tmp) for index in range(nodes)]
-            try:
-                _wait_registered(client, procs, tmp)
-                startup = time.time() - started
-                seeded = time.time()
-                client.lpush(_KEYS.start_urls, self.shop.url("/"))
-                exits, killed = _wait_exits(procs, tmp, self.timeout)
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
+            seeded, exits, killed = self.run_nodes(nodes, cap, tmp, client)
+            startup = seeded - started
         stored = mongo[DATABASE]["products"].count_documents({})
         mongo.close()
         client.close()
         figures = self._figures(self.shop.timeline(), cap, seeded, max(exits))
         return Crawl(**figures, stored=stored, startup=startup, killed=killed)
+
+    def run_nodes(
+        self, nodes: int, cap: int, tmp: Path, client: redis.Redis
+    ) -> tuple[float, list[float], int]:
+        """Start *nodes* nodes, seed once they registered, wait for their exits (killing any
+        left): seed time, exit times, nodes killed after the timeout."""
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            procs = [self._node(index, cap, tmp) for index in range(nodes)]
+            _wait_registered(client, procs, tmp)
+            seeded = time.time()
+            client.lpush(_KEYS.start_urls, self.shop.url("/"))
+            exits, killed = _wait_exits(procs, tmp, self.timeout)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return seeded, exits, killed
 
     def _node(self, index: int, cap: int, tmp: Path) -> subprocess.Popen[bytes]:
         settings = {
