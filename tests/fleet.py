@@ -12,11 +12,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from project.frontier.keys import FrontierKeys, KeyTemplates
+
+if TYPE_CHECKING:
+    from project.frontier.connection import RedisTarget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +43,8 @@ class KeySpace:
     """
 
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
+    #: Keys as on a Redis Cluster: every key of a spider in its seeds' key's slot.
+    tagged: bool = False
 
     @property
     def settings(self) -> dict[str, str]:
@@ -57,6 +62,7 @@ class KeySpace:
             dupefilter=self.settings["SCHEDULER_DUPEFILTER_KEY"],
             start_urls=self.settings["REDIS_START_URLS_KEY"],
             prefix=self.settings["FRONTIER_KEY_PREFIX"],
+            tagged=self.tagged,
         )
         return FrontierKeys.for_spider(spider, templates)
 
@@ -65,12 +71,16 @@ class KeySpace:
         return [arg for name, value in self.settings.items() for arg in ("-s", f"{name}={value}")]
 
     def existing(self, client: redis.Redis) -> list[bytes]:
-        """Every key of this space."""
-        return list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
+        """Every key of this space (tagged: ``{<prefix>:<spider>:start_urls}:...`` too)."""
+        match = f"*{self.prefix}:*" if self.tagged else f"{self.prefix}:*"
+        return list(client.scan_iter(match=match, count=1000))
 
     def delete(self, client: redis.Redis) -> None:
         found = self.existing(client)
-        if found:
+        if found and self.tagged:
+            for key in found:  # a cluster deletes one slot at a time
+                client.delete(key)
+        elif found:
             client.delete(*found)
 
 
@@ -89,6 +99,8 @@ class Fleet:
     spider_args: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     cwd: Path = ROOT
+    #: A Redis Cluster or Sentinel group (its settings go to every node); None: redis_url.
+    target: RedisTarget | None = None
 
     @property
     def keys(self) -> FrontierKeys:
@@ -130,9 +142,14 @@ class Fleet:
     def wait_ready(self, nodes: int | None = None, timeout: float = 60.0) -> None:
         """Until *nodes* (all started) step in Redis: a seed pushed then reaches each of them."""
         want = len(self.procs) if nodes is None else nodes
-        with redis.Redis.from_url(self.redis_url) as client:
+        with self.client() as client:
             deadline = time.monotonic() + timeout
             while int(client.zcard(self.keys.holders)) < want:
+                exited = [i for i, proc in enumerate(self.procs) if proc.poll() is not None]
+                if exited:
+                    raise AssertionError(
+                        f"node{exited[0]} exited before stepping:\n{self.log(exited[0])[-3000:]}"
+                    )
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{want} nodes not stepping after {timeout}s")
                 time.sleep(0.05)
@@ -153,12 +170,20 @@ class Fleet:
         key = self.keys.start_urls
         for raw in seeds:
             # redis-cli takes argv strings; bytes that are not UTF-8 go through redis-py.
-            if isinstance(raw, bytes):
-                with redis.Redis.from_url(self.redis_url) as client:
+            if isinstance(raw, bytes) or (self.target is not None and self.target.sentinels):
+                with self.client() as client:
                     client.lpush(key, raw)
             else:
-                cmd = ["redis-cli", "-u", self.redis_url, "lpush", key, raw]
+                # -c: on a cluster, redis-cli follows the MOVED to the seeds' key's master
+                cluster = ["-c"] if self.target is not None and self.target.cluster else []
+                cmd = ["redis-cli", *cluster, "-u", self.redis_url, "lpush", key, raw]
                 subprocess.run(cmd, check=True, capture_output=True)
+
+    def client(self) -> redis.Redis:
+        """A client of the fleet's Redis: the cluster's or the sentinels' master, if any."""
+        if self.target is None:
+            return redis.Redis.from_url(self.redis_url)
+        return self.target.sync_client(socket_timeout=10)
 
     def wait(self, timeout: float = 180.0) -> list[int]:
         deadline = time.monotonic() + timeout

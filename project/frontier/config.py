@@ -8,11 +8,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
 import redis.asyncio
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.misc import load_object
 
 from project.config import read_settings, setting
+from project.frontier.connection import RedisTarget
 
 if TYPE_CHECKING:
     from typing import Self
@@ -100,6 +102,8 @@ class FrontierConfig:
     #: Scrapy's CONCURRENT_REQUESTS: what the node downloads at once.
     concurrency: int = 16
     limits: SiteLimits = field(default_factory=SiteLimits)
+    #: One server, a Redis Cluster or Sentinel's master (REDIS_CLUSTER*, REDIS_SENTINEL*).
+    target: RedisTarget = field(default_factory=lambda: RedisTarget("redis://127.0.0.1:6379/0"))
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -134,6 +138,9 @@ class FrontierConfig:
             host = f"[{host}]" if ":" in host else host
             values["redis_url"] = f"redis://{host}:{port}/{values['redis_db']}"
         values["redis_params"] = _redis_params(values["redis_url"], values["redis_params"])
+        values["target"] = RedisTarget.from_settings(
+            settings, values["redis_url"], values["redis_params"]
+        )
         config = cls(**values)
         if config.heartbeat_seconds >= config.lease_seconds:
             raise NotConfigured(
@@ -168,7 +175,16 @@ class FrontierConfig:
 
     def client(self, **defaults: Any) -> redis.asyncio.Redis:
         """A client of the fleet's Redis (no I/O until used): *defaults*, then REDIS_PARAMS."""
-        return redis.asyncio.from_url(self.redis_url, **{**defaults, **self.redis_params})
+        return self.target.client(**defaults)
+
+    def sync_client(self, **defaults: Any) -> redis.Redis:
+        """A blocking client of the fleet's Redis, for the commands and the dashboard."""
+        return self.target.sync_client(**defaults)
+
+    @property
+    def redis_name(self) -> str:
+        """The fleet's Redis for log lines, password masked."""
+        return self.target.describe()
 
     def for_spider(self, spider: Spider) -> Self:
         """The settings as *spider* adjusts them: scrapy-redis' ``max_idle_time`` and

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import redis
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
+from project.frontier.spiders import seed_key
 
 if TYPE_CHECKING:
     from typing import Self
 
-    from scrapy import Request
+    from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
     from scrapy.utils.request import RequestFingerprinterProtocol
 
 __all__ = ["FleetDupeFilter"]
@@ -45,8 +46,8 @@ class FleetDupeFilter(RFPDupeFilter):  # type: ignore[misc]
         assert crawler.request_fingerprinter is not None
         return cls(
             # redis-py connects lazily: no I/O here.
-            redis.Redis.from_url(FrontierConfig.from_settings(settings).redis_url),
-            key=FrontierKeys.from_settings(settings, crawler.spider.name).dupefilter,
+            FrontierConfig.from_settings(settings).sync_client(),
+            key=_keys(settings, crawler.spider).dupefilter,
             fingerprinter=crawler.request_fingerprinter,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
         )
@@ -63,3 +64,9 @@ class FleetDupeFilter(RFPDupeFilter):  # type: ignore[misc]
 
     def close(self, reason: str = "") -> None:
         """Keep the shared seen-set: other nodes are still using it."""
+
+
+def _keys(settings: BaseSettings, spider: Spider) -> FrontierKeys:
+    """*spider*'s keys, its own ``redis_key`` included (tagged, it decides the slot)."""
+    keys = FrontierKeys.from_settings(settings, spider.name)
+    return keys.with_start_urls(seed_key(spider, keys.start_urls))

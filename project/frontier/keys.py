@@ -33,6 +33,19 @@ def hash_tag(key: str) -> str | None:
     return key[open_ + 1 : close] if close > open_ + 1 else None
 
 
+def _tagged(key: str, tag: str, spider: str) -> str:
+    """*key* in the slot of *tag*: ``products:requests`` -> ``{products:start_urls}:requests``
+    (the spider's name is in the tag already, so it is not repeated), ``{seeds}:products:requests``
+    under another tag; a key with that tag stays as it is."""
+    if hash_tag(key) == tag:
+        return key
+    if tag.startswith(f"{spider}:"):
+        if key == spider:
+            return f"{{{tag}}}"
+        key = key.removeprefix(f"{spider}:")
+    return f"{{{tag}}}:{key}"
+
+
 @dataclass(frozen=True)
 class KeyTemplates:
     """The key names' templates: scrapy-redis' three, and the prefix of the fleet's own keys."""
@@ -41,10 +54,22 @@ class KeyTemplates:
     dupefilter: str = setting("SCHEDULER_DUPEFILTER_KEY", defaults.SCHEDULER_DUPEFILTER_KEY)
     start_urls: str = setting("REDIS_START_URLS_KEY", defaults.START_URLS_KEY)
     prefix: str = setting("FRONTIER_KEY_PREFIX", "%(spider)s")
+    #: Every key of a spider in the hash slot of its seeds' key (Redis Cluster); on by
+    #: itself with REDIS_CLUSTER or REDIS_CLUSTER_NODES.
+    tagged: bool = setting("FRONTIER_HASH_TAG", False, shown="on with a Redis Cluster")
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
-        return cls(**read_settings(cls, settings))
+        values = read_settings(cls, settings)
+        cluster = settings.getbool("REDIS_CLUSTER") or bool(settings.get("REDIS_CLUSTER_NODES"))
+        if cluster:
+            if settings.get("FRONTIER_HASH_TAG") is not None and not values["tagged"]:
+                raise NotConfigured(
+                    "FRONTIER_HASH_TAG = False cannot work on a Redis Cluster: a spider's"
+                    " scripts touch all its keys at once, so they must share one hash slot"
+                )
+            values["tagged"] = True
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -53,7 +78,10 @@ class FrontierKeys:
     seeds, and ``<prefix>:<name>`` for everything else.
 
     A site's queue (:meth:`site_queue`) is built from the queue key, so it shares
-    the queue key's hash slot whenever that key carries a hash tag.
+    the queue key's hash slot whenever that key carries a hash tag. Tagged
+    (:attr:`KeyTemplates.tagged`, Redis Cluster), every key but the seeds' carries
+    the seeds' key as its tag: ``products:start_urls`` keeps its name (``redis-cli -c
+    lpush`` still seeds) and ``{products:start_urls}:requests`` hashes to its slot.
     """
 
     spider: str
@@ -88,6 +116,7 @@ class FrontierKeys:
     revisit: str
     due: str
     runs: str
+    templates: KeyTemplates = dataclasses.field(default=KeyTemplates(), repr=False, compare=False)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str) -> Self:
@@ -95,19 +124,32 @@ class FrontierKeys:
         return cls.for_spider(spider, KeyTemplates.from_settings(settings))
 
     @classmethod
-    def for_spider(cls, spider: str, templates: KeyTemplates | None = None) -> Self:
-        """The keys of *spider* (scrapy-redis' default names without *templates*)."""
+    def for_spider(
+        cls, spider: str, templates: KeyTemplates | None = None, start_urls: str | None = None
+    ) -> Self:
+        """The keys of *spider* (scrapy-redis' default names without *templates*); its seeds
+        at *start_urls* when the spider names its own (``redis_key``)."""
         t = templates or KeyTemplates()
         try:
             prefix = t.prefix % {"spider": spider}
             queue = t.queue % {"spider": spider}
             dupefilter = t.dupefilter % {"spider": spider}
-            start_urls = t.start_urls % {"name": spider}
+            start_urls = start_urls or t.start_urls % {"name": spider}
         except (KeyError, TypeError, ValueError) as exc:
             raise NotConfigured(
                 "SCHEDULER_QUEUE_KEY, SCHEDULER_DUPEFILTER_KEY and FRONTIER_KEY_PREFIX may use"
                 f" %(spider)s, REDIS_START_URLS_KEY %(name)s; nothing else ({exc!r})"
             ) from exc
+        if t.tagged:
+            tag = hash_tag(start_urls) or start_urls
+            if "}" in tag:
+                raise NotConfigured(
+                    f"the seeds' key {start_urls!r} has a '}}' but no hash tag: with a Redis"
+                    " Cluster the other keys cannot share its slot; rename it"
+                )
+            prefix, queue, dupefilter = (
+                _tagged(key, tag, spider) for key in (prefix, queue, dupefilter)
+            )
         own = {
             name: f"{prefix}:{name}"
             for name in (
@@ -123,8 +165,18 @@ class FrontierKeys:
             dupefilter=dupefilter,
             start_urls=start_urls,
             history_leader=f"{prefix}:history:leader",
+            templates=t,
             **own,
         )
+
+    def with_start_urls(self, start_urls: str) -> Self:
+        """These keys with the seeds at *start_urls* (a spider's ``redis_key``); tagged, every
+        other key follows it into its slot."""
+        if start_urls == self.start_urls:
+            return self
+        if self.templates.tagged:
+            return self.for_spider(self.spider, self.templates, start_urls)
+        return dataclasses.replace(self, start_urls=start_urls)
 
     @classmethod
     def for_project_spider(cls, settings: BaseSettings, spider: str) -> Self:
@@ -142,7 +194,7 @@ class FrontierKeys:
             start_urls = redis_key % {"name": spider}
         except (KeyError, TypeError, ValueError):
             start_urls = redis_key
-        return dataclasses.replace(keys, start_urls=start_urls)
+        return keys.with_start_urls(start_urls)
 
     def site_queue(self, site: str) -> str:
         """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""

@@ -71,7 +71,8 @@ async def _rewrite(server: Redis, key: str, upgrade: Any) -> int:
 
 async def _date_sites(server: Redis, keys: FrontierKeys) -> None:
     """Layout 3: every site with counters gets a last-leased time (now, by Redis' clock)."""
-    seconds, micros = await server.time()
+    # the clock of the server holding the keys (a keyless TIME goes anywhere on a cluster)
+    seconds, micros = await server.eval("return redis.call('TIME')", 1, keys.recent)
     now = int(seconds) * 1000 + int(micros) // 1000
     batch: dict[Any, int] = {}
     async for site, _ in server.hscan_iter(keys.leases, count=_SCAN_COUNT):

@@ -22,7 +22,6 @@ from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import requests_from_seed
 from project.frontier.wire import decode_request, encode_request
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -429,7 +428,7 @@ class FrontierLoop:
             self._redis_down_since = time.monotonic()
             logger.error(
                 "Redis unreachable at %s (%s); holding %d requests to enqueue, retrying",
-                mask_url(self.config.redis_url),
+                self.config.redis_name,
                 exc,
                 len(self._enqueue),
                 extra={"spider": self.spider},

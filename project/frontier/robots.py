@@ -30,6 +30,7 @@ from project.config import read_settings, setting
 from project.frontier.config import FrontierConfig, SiteLimits
 from project.frontier.keys import FrontierKeys
 from project.frontier.sites import SiteResolver, site_of
+from project.frontier.spiders import seed_key
 
 if TYPE_CHECKING:
     from typing import Self
@@ -121,7 +122,9 @@ class RobotsCacheMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         self._server = self._frontier.client()
-        self._keys = FrontierKeys.from_settings(self.crawler.settings, spider.name)
+        keys = FrontierKeys.from_settings(self.crawler.settings, spider.name)
+        # the spider's own redis_key, tagged (Redis Cluster), moves every key into its slot
+        self._keys = keys.with_start_urls(seed_key(spider, keys.start_urls))
 
     async def spider_closed(self, spider: Spider) -> None:
         if self._server is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -50,7 +49,6 @@ from project.frontier.sites import (
 from project.frontier.spiders import has_own_seeds, seed_key
 from project.frontier.wire import UnserializableRequestError, encode_request
 from project.storage.deadletters import DeadLetterSink
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from typing import Self
@@ -122,7 +120,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         config = self.config = self.config.for_spider(spider)
         self.server = config.client(socket_timeout=30, socket_connect_timeout=10)
         keys = FrontierKeys.for_spider(spider.name, self.templates)
-        self.keys = dataclasses.replace(keys, start_urls=seed_key(spider, keys.start_urls))
+        self.keys = keys.with_start_urls(seed_key(spider, keys.start_urls))
         domains = getattr(spider, "allowed_domains", None)
         if domains is not None and not isinstance(domains, list | tuple | set | frozenset | str):
             # scrapy-redis' example project sets filter(None, ...): Scrapy 2.19's
@@ -191,7 +189,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     async def _connect(self, spider: Spider) -> None:
         """Reach Redis and start the frontier; if it cannot work, say why and close."""
         config = self.config
-        where = mask_url(config.redis_url)
+        where = config.redis_name
         try:
             await self._ping()
         except AuthenticationError as exc:
@@ -282,7 +280,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                     raise RedisError(str(exc)) from exc
                 logger.warning(
                     "Redis at %s not answering (%s); retrying",
-                    mask_url(self.config.redis_url),
+                    self.config.redis_name,
                     exc,
                     extra={"spider": self.spider},
                 )

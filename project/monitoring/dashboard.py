@@ -23,7 +23,6 @@ from scrapy.exceptions import NotConfigured
 from project.config import read_settings, setting
 from project.monitoring.metrics import CONTENT_TYPE, render_metrics
 from project.monitoring.status import StatusReader
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -298,7 +297,7 @@ def serve(settings: BaseSettings, spider: str, host: str, port: int) -> int:
     logger.info(
         "Dashboard of %s (Redis %s) on http://%s:%d/",
         spider,
-        mask_url(reader.redis_url),
+        reader.redis_name,
         host if family == socket.AF_INET else f"[{host.strip('[]')}]",
         port,
     )

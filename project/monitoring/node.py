@@ -24,7 +24,6 @@ from project.frontier.config import FrontierConfig
 from project.frontier.keys import FrontierKeys
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -60,12 +59,18 @@ class MonitorConfig:
     history_seconds: float = setting("MONITOR_HISTORY_SECONDS", 3600.0)
     rate_window: float = setting("MONITOR_RATE_WINDOW", 30.0)
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Where the fleet's Redis is, for log lines (a cluster, Sentinel: not only REDIS_URL).
+    redis_name: str = "redis://127.0.0.1:6379/0"
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
+        frontier = FrontierConfig.from_settings(settings)
         config = cls(
             **read_settings(
-                cls, settings, redis_url=FrontierConfig.from_settings(settings).redis_url
+                cls,
+                settings,
+                redis_url=frontier.redis_url,
+                redis_name=frontier.redis_name,
             )
         )
         if not config.interval >= 0.1:
@@ -207,7 +212,7 @@ class NodeMonitor:
                 if not self._redis_down:
                     logger.warning(
                         "Cannot publish node status to %s: %s",
-                        mask_url(self.config.redis_url),
+                        self.config.redis_name,
                         exc,
                         extra={"spider": self.spider},
                     )

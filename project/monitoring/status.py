@@ -8,11 +8,10 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from project.frontier import lua
 from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
+from project.frontier.connection import RedisTarget
 from project.frontier.keys import FrontierKeys
 from project.storage.config import MongoConfig
 from project.utils import mask_url
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     import pymongo
+    import redis
     from scrapy.settings import BaseSettings
 
 __all__ = [
@@ -144,6 +144,15 @@ def _site_limits(
     return rate, concurrency
 
 
+#: TIME of the server that holds the spider's keys: on a Redis Cluster a keyless TIME would
+#: go to any node (and redis-py refuses it in a cluster's pipeline).
+_TIME = "return redis.call('TIME')"
+
+
+def _server_time(pipe: Any, keys: FrontierKeys) -> None:
+    pipe.execute_command("EVAL", _TIME, 1, keys.queue)
+
+
 def frontier_snapshot(
     client: redis.Redis,
     keys: FrontierKeys,
@@ -160,14 +169,15 @@ def frontier_snapshot(
     number of sites: three pipelines, then one per priority band of the listed sites.
     """
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    _server_time(pipe, keys)
     pipe.get(keys.queued)
     pipe.zcard(keys.delayed)
     pipe.zrange(keys.inflight, 0, -1)
     pipe.scard(keys.dupefilter)
     pipe.memory_usage(keys.dupefilter)
     seeds = lua.load("seed_count")
-    pipe.eval(seeds.source, 1, *seeds.keys_from(keys))
+    # EVAL as a plain command: a cluster's pipeline has no eval() (redis-py 8)
+    pipe.execute_command("EVAL", seeds.source, 1, *seeds.keys_from(keys))  # type: ignore[no-untyped-call]
     pipe.llen(keys.dead)
     pipe.zrange(keys.queue, 0, SITES_SCANNED - 1)
     pipe.zcard(keys.queue)
@@ -525,7 +535,7 @@ def fleet_status(
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.nodes)
     pipe.zrange(keys.alive, 0, -1, withscores=True)
-    pipe.time()
+    _server_time(pipe, keys)
     pipe.lrange(keys.dead, 0, 199)
     raw_nodes, expiries, (seconds, micros), dead = pipe.execute()
     server_ms = int(seconds) * 1000 + int(micros) // 1000
@@ -609,20 +619,19 @@ class StatusReader:
 
     def __init__(
         self,
-        redis_url: str,
+        redis_at: str | RedisTarget,
         keys: FrontierKeys,
         mongo: MongoConfig | None = None,
         *,
         sites: int = SITES_LISTED,
-        redis_params: dict[str, Any] | None = None,
     ) -> None:
+        """*redis_at*: a Redis URL, or the fleet's :class:`RedisTarget` (a cluster, Sentinel)."""
+        target = RedisTarget(redis_at) if isinstance(redis_at, str) else redis_at
         self.keys = keys
         self.sites = sites
         self.spider = keys.spider
-        self.redis_url = redis_url
-        self.redis: redis.Redis = redis.Redis.from_url(
-            redis_url, **{"socket_connect_timeout": 5, "socket_timeout": 10, **(redis_params or {})}
-        )
+        self.redis_name = target.describe()
+        self.redis: redis.Redis = target.sync_client(socket_connect_timeout=5, socket_timeout=10)
         self.mongo = mongo
         self._mongo: pymongo.MongoClient[dict[str, Any]] | None = None
         self._last_leases: tuple[float, dict[str, int]] | None = None
@@ -634,11 +643,10 @@ class StatusReader:
         """The reader of *spider*'s keys and collections under these settings."""
         frontier = FrontierConfig.from_settings(settings)
         return cls(
-            frontier.redis_url,
+            frontier.target,
             FrontierKeys.for_project_spider(settings, spider),
             MongoConfig.from_settings(settings, spider_name=spider),
             sites=sites,
-            redis_params=frontier.redis_params,
         )
 
     def read(self) -> dict[str, Any]:

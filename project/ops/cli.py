@@ -13,10 +13,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from project.ops import recurring, scrapyd
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+
+    from project.frontier.connection import RedisTarget
 
 __all__ = ["CommandError", "main"]
 
@@ -48,32 +49,29 @@ def _keys(settings: Any, spider: str) -> Any:
     return FrontierKeys.for_project_spider(settings, spider)
 
 
-def _redis_url(settings: Any) -> str:
+def _redis_target(settings: Any) -> RedisTarget:
+    """The fleet's Redis as the settings name it: one server, a cluster or Sentinel's master."""
     from project.frontier.config import FrontierConfig
 
-    url: str = FrontierConfig.from_settings(settings).redis_url
-    return url
+    return FrontierConfig.from_settings(settings).target
 
 
-def _redis(url: str, params: dict[str, Any] | None = None) -> Any:
-    import redis
-
+def _redis(target: RedisTarget) -> Any:
+    """A blocking client of *target* (no I/O yet); a malformed REDIS_URL is a CommandError."""
     try:
-        return redis.Redis.from_url(
-            url, **{"socket_connect_timeout": 5, "socket_timeout": 30, **(params or {})}
-        )
+        return target.sync_client(socket_connect_timeout=5, socket_timeout=30)
     except ValueError as exc:
-        raise CommandError(f"REDIS_URL {mask_url(url)} is not a Redis URL: {exc}", 2) from exc
+        raise CommandError(f"REDIS_URL {target.describe()} is not a Redis URL: {exc}", 2) from exc
 
 
 @contextlib.contextmanager
-def _redis_errors(url: str) -> Iterator[None]:
+def _redis_errors(target: RedisTarget) -> Iterator[None]:
     """Redis failures as one line that says what failed and what to do."""
     from redis.exceptions import AuthenticationError, RedisError, ResponseError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    where = f"Redis at {mask_url(url)}"
+    where = f"Redis at {target.describe()}"
     try:
         yield
     except AuthenticationError as exc:
@@ -105,13 +103,13 @@ def _status(args: argparse.Namespace) -> int:
     from project.monitoring.status import StatusReader
 
     settings = _settings(args)
-    url = _redis_url(settings)
-    _redis(url).close()  # a malformed REDIS_URL is named before anything else
+    target = _redis_target(settings)
+    _redis(target).close()  # a malformed REDIS_URL is named before anything else
     reader = StatusReader.from_settings(settings, args.spider, sites=args.sites)
-    with _redis_errors(url):
+    with _redis_errors(target):
         if args.watch:
             if watch(reader, args.interval):
-                raise CommandError(f"Redis at {mask_url(url)} was unreachable at the last read")
+                raise CommandError(f"Redis at {target.describe()} was unreachable at the last read")
             return 0
         try:
             # Two reads a second apart give each site's achieved rate.
@@ -131,9 +129,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     from project.monitoring.dashboard import serve
 
     settings = _settings(args)
-    url = _redis_url(settings)
-    _redis(url).close()
-    with _redis_errors(url):
+    target = _redis_target(settings)
+    _redis(target).close()
+    with _redis_errors(target):
         try:
             return serve(settings, args.spider, args.host, args.port)
         except OSError as exc:
@@ -150,12 +148,9 @@ def _failures(args: argparse.Namespace) -> int:
     from project.monitoring.status import read_dead_letters
 
     settings = _settings(args)
-    url = _redis_url(settings)
-    from project.frontier.config import FrontierConfig
-
-    params = FrontierConfig.from_settings(settings).redis_params
-    client, keys = _redis(url, params), _keys(settings, args.spider)
-    with _redis_errors(url):
+    target = _redis_target(settings)
+    client, keys = _redis(target), _keys(settings, args.spider)
+    with _redis_errors(target):
         if args.action == "list":
             records = read_dead_letters(client, keys, args.limit)
             if args.json:

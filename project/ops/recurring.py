@@ -112,11 +112,11 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _seen(args: argparse.Namespace) -> int:
     from project.frontier.seen import SeenConfig, migrate, stored_form
-    from project.ops.cli import _keys, _redis_errors, _redis_url, _settings
+    from project.ops.cli import _keys, _redis_errors, _redis_target, _settings
 
     settings = _settings(args)
     keys = _keys(settings, args.spider)
-    url = _redis_url(settings)
+    target = _redis_target(settings)
 
     async def work() -> int:
         import redis.asyncio
@@ -143,20 +143,20 @@ def _seen(args: argparse.Namespace) -> int:
         finally:
             await redis.asyncio.Redis.aclose(server)
 
-    with _redis_errors(url):
+    with _redis_errors(target):
         return asyncio.run(work())
 
 
 def _push_seeds(args: argparse.Namespace) -> None:
     """``redis-cli lpush <spider>:start_urls`` of each ``--seed``, with the project's keys."""
     from project.frontier.keys import FrontierKeys
-    from project.ops.cli import _redis, _redis_errors, _redis_url, _settings
+    from project.ops.cli import _redis, _redis_errors, _redis_target, _settings
 
     settings = _settings(argparse.Namespace(set=args.settings))
     keys = FrontierKeys.for_project_spider(settings, args.spider)
-    url = _redis_url(settings)
-    with _redis_errors(url):
-        client = _redis(url)
+    target = _redis_target(settings)
+    with _redis_errors(target):
+        client = _redis(target)
         try:
             client.lpush(keys.start_urls, *args.seed)
         finally:

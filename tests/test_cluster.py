@@ -1,0 +1,185 @@
+"""The frontier on a real Redis Cluster: three masters and three replicas of Debian's
+redis-server, a spider's keys in one slot, and a master killed mid-crawl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+import redis.cluster
+
+from project.frontier.connection import RedisTarget
+from project.ops.services import ServicesConfig, free_port
+from project.ops.topology import ClusterInfo, start_cluster, stop_group
+from tests.failover import LossProbe
+from tests.fleet import Fleet, KeySpace, run_cli, wait_for
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pymongo
+
+pytestmark = pytest.mark.slow
+
+#: A crawl slow enough to kill a master in the middle of it.
+_PRODUCTS = 300
+_SHOP = {"latency_ms": 60}
+_NODE = {"CONCURRENT_REQUESTS": 4}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ServicesConfig, ClusterInfo]]:
+    cfg = ServicesConfig(state_dir=tmp_path / "state")
+    group = start_cluster(cfg, [free_port() for _ in range(6)])
+    try:
+        yield cfg, group
+    finally:
+        stop_group(cfg, group)
+
+
+@pytest.fixture
+def cluster_fleet(
+    cluster: tuple[ServicesConfig, ClusterInfo], services, mongo_db: str, tmp_path: Path
+) -> Iterator[Fleet]:
+    _, group = cluster
+    space = KeySpace(tagged=True)
+    crew = Fleet(
+        redis_url=group.url,
+        mongo_url=services.mongo_url,
+        mongo_db=mongo_db,
+        log_dir=tmp_path,
+        space=space,
+        settings={"REDIS_CLUSTER_NODES": group.nodes, **_NODE},
+        target=RedisTarget(group.url, cluster=True),
+    )
+    yield crew
+    crew.stop()
+
+
+def _slot_master(group: ClusterInfo, key: str, dead: int | None = None) -> tuple[int, int] | None:
+    """(port, pid) of the master serving *key*'s slot now, as a live server sees it."""
+    ask = next(port for port in group.ports if port != dead)
+    with redis.Redis(group.host, ask, socket_timeout=5) as client:
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        for line in client.execute_command("CLUSTER", "NODES").decode().splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    return port, group.pids[port]
+    return None
+
+
+def _crawl_outcome(shop, mongo: pymongo.database.Database[Any]) -> dict[str, int]:
+    stats = shop.stats()
+    hits = stats["product_hits"]
+    skus = [doc["sku"] for doc in mongo.products.find({}, {"sku": 1})]
+    return {
+        "products": _PRODUCTS,
+        "stored": len(set(skus)),
+        "documents": len(skus),
+        "lost": _PRODUCTS - len(set(skus)),
+        "fetched_twice": sum(1 for n in hits.values() if n > 1),
+        "pages_fetched_twice": sum(1 for n in stats["hits"].values() if n > 1),
+    }
+
+
+def test_two_nodes_crawl_on_a_cluster_with_every_key_in_the_seeds_slot(
+    cluster_fleet: Fleet, cluster, make_shop, mongo
+) -> None:
+    _, group = cluster
+    shop = make_shop(products=_PRODUCTS)
+    cluster_fleet.start_node()
+    cluster_fleet.start_node()
+    cluster_fleet.wait_ready()
+    cluster_fleet.seed(shop.url("/"))  # redis-cli -c lpush, as users seed
+    assert cluster_fleet.wait(180) == [0, 0], cluster_fleet.log(0)[-3000:]
+
+    outcome = _crawl_outcome(shop, mongo)
+    assert outcome["stored"] == outcome["documents"] == _PRODUCTS
+    assert outcome["pages_fetched_twice"] == 0
+    keys = cluster_fleet.keys
+    client = cluster_fleet.client()
+    try:
+        found = cluster_fleet.space.existing(client)
+        assert len(found) > 5
+        slots = {client.keyslot(key) for key in found}
+        assert slots == {client.keyslot(keys.start_urls)}, found
+        assert keys.start_urls.startswith(cluster_fleet.space.prefix)  # its name unchanged
+    finally:
+        client.close()
+    done = run_cli(
+        "status",
+        "--json",
+        "-s",
+        f"REDIS_CLUSTER_NODES={json.dumps(group.nodes)}",
+        *cluster_fleet.space.cli_args(),
+        env={"MONGO_URI": cluster_fleet.mongo_url, "MONGO_DATABASE": cluster_fleet.mongo_db},
+    )
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["queued"] == status["in_flight"] == 0, status
+    assert status["seen"] >= _PRODUCTS, status
+
+
+def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_completes(
+    cluster_fleet: Fleet, cluster, make_shop, mongo
+) -> None:
+    _, group = cluster
+    shop = make_shop(products=_PRODUCTS, **_SHOP)
+    keys = cluster_fleet.keys
+    serving = _slot_master(group, keys.start_urls)
+    assert serving is not None
+    port, pid = serving
+    tag = keys.queue[: keys.queue.index("}") + 1]
+
+    def master() -> redis.Redis:
+        return redis.Redis(group.host, port, socket_timeout=5)
+
+    cluster_fleet.start_node()
+    cluster_fleet.start_node()
+    cluster_fleet.wait_ready()
+    cluster_fleet.seed(shop.url("/"))
+    probe = LossProbe(master, f"{tag}:probe:plain", f"{tag}:probe:waited", replicas=1).start()
+    wait_for(lambda: mongo.products.count_documents({}) >= _PRODUCTS // 4, 120, "a quarter stored")
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+
+    def promoted() -> bool:
+        now = _slot_master(group, keys.start_urls, dead=port)
+        return now is not None and now[0] != port
+
+    wait_for(promoted, 30, "a replica promoted", interval=0.1)
+    promoted_after = time.monotonic() - killed_at
+    client = cluster_fleet.client()
+    try:
+        losses = probe.losses(client)
+    finally:
+        client.close()
+    assert cluster_fleet.wait(240) == [0, 0], cluster_fleet.log(0)[-3000:]
+
+    outcome = _crawl_outcome(shop, mongo)
+    figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2)}
+    print("cluster failover:", json.dumps(figures))
+    (Path(cluster_fleet.log_dir) / "failover.json").write_text(json.dumps(figures))
+    # Nothing lost: the frontier's every change is one script, so a failover that drops the
+    # last acknowledged writes rewinds it to an earlier whole state: pages whose acks were
+    # lost are leased again (fetched twice), items are upserts (stored once).
+    assert outcome["lost"] == 0
+    assert outcome["documents"] == _PRODUCTS
+    assert losses["lost_waited"] == 0  # WAIT 1: on the replica that took over
+    for index in (0, 1):
+        log = cluster_fleet.log(index)
+        assert "Traceback" not in log, log[-3000:]
+    assert any(cluster_fleet.stat(i, "frontier/redis_errors") for i in (0, 1)), (
+        "no node noticed the failover"
+    )
