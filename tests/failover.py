@@ -19,6 +19,8 @@ import redis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from project.ops.topology import ClusterInfo
+
 
 @dataclass
 class _Writer:
@@ -87,3 +89,20 @@ class LossProbe:
             "acked_waited": waited.acked,
             "lost_waited": lost_waited,
         }
+
+
+def slot_master(group: ClusterInfo, key: str, dead: int | None = None) -> tuple[int, int] | None:
+    """(port, pid) of the master serving *key*'s slot now, as a live server sees it."""
+    ask = next(port for port in group.ports if port != dead)
+    with redis.Redis(group.host, ask, socket_timeout=5) as client:
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        for line in client.execute_command("CLUSTER", "NODES").decode().splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    return port, group.pids[port]
+    return None

@@ -3,7 +3,8 @@
 Each round is one crawl of the test shop by three nodes with a schedule of faults drawn
 from a seeded random generator (the seed is printed, so a failing round can be replayed).
 Every round must store every product exactly once. ``CHAOS_ROUNDS`` sets the number of
-rounds (3 by default; more on demand).
+rounds: 1 in the suite (CI), more on demand (``CHAOS_ROUNDS=10 pytest tests/test_chaos.py``);
+``CHAOS_SEED`` the first round's seed (1000).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = int(os.environ.get("CHAOS_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("CHAOS_ROUNDS", "1"))
+FIRST_SEED = int(os.environ.get("CHAOS_SEED", "1000"))
 PRODUCTS = 300
 
 
@@ -44,7 +46,7 @@ def _alive(fleet: Fleet) -> list[int]:
 def test_kill_9_and_restarts_at_random_moments_lose_and_duplicate_nothing(
     fleet: Fleet, make_shop, mongo, services: ServicesConfig, tmp_path, round_: int
 ) -> None:
-    seed = 1000 + round_
+    seed = FIRST_SEED + round_
     rng = random.Random(seed)
     faults = _faults(rng)
     print(f"chaos round {round_}: seed {seed}, faults {faults}")

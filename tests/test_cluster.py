@@ -17,7 +17,7 @@ import redis.cluster
 from project.frontier.connection import RedisTarget
 from project.ops.services import ServicesConfig, free_port
 from project.ops.topology import ClusterInfo, start_cluster, stop_group
-from tests.failover import LossProbe
+from tests.failover import LossProbe, slot_master
 from tests.fleet import Fleet, KeySpace, run_cli, wait_for
 
 if TYPE_CHECKING:
@@ -56,27 +56,13 @@ def cluster_fleet(
         log_dir=tmp_path,
         space=space,
         settings={"REDIS_CLUSTER_NODES": group.nodes, **_NODE},
-        target=RedisTarget(group.url, cluster=True),
+        # every server, as the nodes get them: the one in group.url may be the one killed
+        target=RedisTarget(
+            group.url, cluster=True, cluster_nodes=tuple((group.host, p) for p in group.ports)
+        ),
     )
     yield crew
     crew.stop()
-
-
-def _slot_master(group: ClusterInfo, key: str, dead: int | None = None) -> tuple[int, int] | None:
-    """(port, pid) of the master serving *key*'s slot now, as a live server sees it."""
-    ask = next(port for port in group.ports if port != dead)
-    with redis.Redis(group.host, ask, socket_timeout=5) as client:
-        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
-        for line in client.execute_command("CLUSTER", "NODES").decode().splitlines():
-            fields = line.split()
-            if "master" not in fields[2] or "fail" in fields[2]:
-                continue
-            for span in fields[8:]:
-                low, _, high = span.partition("-")
-                if low.isdigit() and int(low) <= slot <= int(high or low):
-                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
-                    return port, group.pids[port]
-    return None
 
 
 def _crawl_outcome(shop, mongo: pymongo.database.Database[Any]) -> dict[str, int]:
@@ -137,7 +123,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     _, group = cluster
     shop = make_shop(products=_PRODUCTS, **_SHOP)
     keys = cluster_fleet.keys
-    serving = _slot_master(group, keys.start_urls)
+    serving = slot_master(group, keys.start_urls)
     assert serving is not None
     port, pid = serving
     tag = keys.queue[: keys.queue.index("}") + 1]
@@ -155,7 +141,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     os.kill(pid, signal.SIGKILL)
 
     def promoted() -> bool:
-        now = _slot_master(group, keys.start_urls, dead=port)
+        now = slot_master(group, keys.start_urls, dead=port)
         return now is not None and now[0] != port
 
     wait_for(promoted, 30, "a replica promoted", interval=0.1)
