@@ -78,8 +78,9 @@ class LossProbe:
         """Acknowledged writes missing on the new master, per writer, and the window."""
         self.stop()
         plain, waited = self.writers
-        lost_plain = plain.acked - int(survivor.get(plain.key) or 0)
-        lost_waited = waited.acked - int(survivor.get(waited.key) or 0)
+        # at most 0: the write whose reply the kill cut off may have reached the replica
+        lost_plain = max(0, plain.acked - int(survivor.get(plain.key) or 0))
+        lost_waited = max(0, waited.acked - int(survivor.get(waited.key) or 0))
         rate = plain.acked / max(1e-9, plain.ended - plain.started)
         return {
             "acked_plain": plain.acked,

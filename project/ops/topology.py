@@ -99,6 +99,17 @@ def _wait(condition: str, check: object, timeout: float) -> None:
     raise ServiceError(f"{condition} within {timeout:g}s (last: {last})")
 
 
+def _synced(cfg: ServicesConfig, ports: Sequence[int]) -> bool:
+    """Every replica among *ports* has its master's data (a replica still in its first sync
+    would lose everything if its master died now)."""
+    for port in ports:
+        with _client(cfg, port) as client:
+            info = client.info("replication")
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                return False
+    return True
+
+
 def start_cluster(
     cfg: ServicesConfig, ports: Sequence[int], *, replicas: int = 1, node_timeout_ms: int = 2000
 ) -> ClusterInfo:
@@ -152,6 +163,7 @@ def _form_cluster(cfg: ServicesConfig, ports: Sequence[int], replicas: int) -> N
             return True
 
         _wait("the cluster did not reach cluster_state:ok", formed, 30)
+        _wait("the replicas did not finish their first sync", lambda: _synced(cfg, ports), 30)
     finally:
         first.close()
 
@@ -210,6 +222,7 @@ def _start_sentinel_group(
         return True
 
     _wait("the sentinels did not see every replica and each other", watched, 30)
+    _wait("the replicas did not finish their first sync", lambda: _synced(cfg, rest), 30)
 
 
 def stop_group(cfg: ServicesConfig, group: ClusterInfo | SentinelInfo) -> None:
