@@ -328,7 +328,7 @@ class FrontierLoop:
                 busy = await self._step()
                 self.dead_sink.kick()
             except RedisError as exc:
-                self._on_redis_error(exc)
+                self._on_redis_error(exc, started)
                 delay = min(max(delay * 2, _BACKOFF_MIN), _BACKOFF_MAX)
             except Exception:
                 # A bug here must not silently stop the node's frontier.
@@ -422,10 +422,12 @@ class FrontierLoop:
         if revisit is not None:
             last.revisits.append(revisit)
 
-    def _on_redis_error(self, exc: RedisError) -> None:
+    def _on_redis_error(self, exc: RedisError, since: float) -> None:
+        """A step that began at *since* failed: the outage counts from then (a partition
+        shows as a step that hangs for its socket timeout)."""
         self.stats.inc_value("frontier/redis_errors")
         if self._redis_down_since is None:
-            self._redis_down_since = time.monotonic()
+            self._redis_down_since = since
             logger.error(
                 "Redis unreachable at %s (%s); holding %d requests to enqueue, retrying",
                 self.config.redis_name,

@@ -19,7 +19,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
@@ -43,6 +45,8 @@ __all__ = ["RunTracker", "counters"]
 logger = logging.getLogger(__name__)
 
 _JOIN, _LEAVE = lua.load("run_join"), lua.load("run_leave")
+#: Attempts more to leave a run after a connection error: the last node out writes the report.
+_LEAVE_RETRIES = 3
 #: How often a keep-alive node looks whether the fleet ran out of work, or found some.
 _CHECK_SECONDS = 1.0
 
@@ -170,12 +174,22 @@ class RunTracker:
         # The work is done but another node is still in the run: it ends it when it leaves,
         # unless it was killed; its presence expires within MONITOR_NODE_TIMEOUT, so ask again.
         deadline = time.monotonic() + (self._node_timeout() + 2 if closing else 0)
+        retries = _LEAVE_RETRIES
         while True:
             try:
                 reply = await self._server.eval(
                     _LEAVE.source, len(_LEAVE.keys), *_LEAVE.keys_from(self.keys),
                     self._node(), run_id, json.dumps(mine),
                 )  # fmt: skip
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # a pooled connection a long partition killed (TCP keepalive) fails once;
+                # leaving again is harmless (lua/run_leave.lua)
+                if retries > 0:
+                    retries -= 1
+                    await asyncio.sleep(1.0)
+                    continue
+                logger.warning("could not leave the crawl run %s (%s): no report", run_id, exc)
+                return
             except RedisError as exc:
                 logger.warning("could not leave the crawl run %s (%s): no report", run_id, exc)
                 return
