@@ -490,6 +490,9 @@ class MongoStore:
     async def _replay(self) -> None:
         """Replay the journal oldest segment first; switch back to direct writes once it is empty."""
         await self._prepare()
+        assert self._database is not None
+        # a server that answers, before "MongoDB back" is said: _prepare does no I/O once done
+        await self._database.command("ping")
         announced = False
         while True:
             async with self._flush_lock:
