@@ -105,3 +105,24 @@ def test_the_tag_cannot_be_turned_off_on_a_cluster() -> None:
         KeyTemplates.from_settings(Settings({"REDIS_CLUSTER": True, "FRONTIER_HASH_TAG": False}))
     with pytest.raises(NotConfigured, match="no hash tag"):
         FrontierKeys.for_spider("p", KeyTemplates(start_urls="a}b", tagged=True))
+
+
+def test_a_cluster_named_by_redis_url_alone_defaults_its_port_and_keeps_tls() -> None:
+    target = _config(REDIS_CLUSTER=True, REDIS_URL="rediss://:s3cret@redis-host/0").target
+    assert target._cluster_entry() == (("redis-host", 6379),)
+    assert target._cluster_options({})["ssl"] is True
+    assert target._cluster_options({})["password"] == "s3cret"
+    assert "s3cret" not in repr(target)
+    sentinel = _config(REDIS_SENTINELS=["h:26379"], REDIS_URL="rediss://:pw@x/0").target
+    assert sentinel._credentials()["ssl"] is True
+
+
+def test_an_address_refused_is_named_without_its_password() -> None:
+    with pytest.raises(NotConfigured) as refused:
+        _config(REDIS_CLUSTER_NODES=["redis://:s3cret@nohost"])
+    assert "s3cret" not in str(refused.value)
+
+
+def test_an_empty_node_list_is_no_cluster() -> None:
+    keys = FrontierKeys.from_settings(Settings({"REDIS_CLUSTER_NODES": "[]"}), "products")
+    assert keys.queue == "products:requests"

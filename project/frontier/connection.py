@@ -25,7 +25,7 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
-from redis.connection import parse_url
+from redis.connection import SSLConnection, parse_url
 from scrapy.exceptions import NotConfigured
 
 from project.config import read_settings, setting
@@ -34,7 +34,7 @@ from project.utils import mask_url
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["RedisTarget"]
+__all__ = ["RedisTarget", "list_setting"]
 
 #: Keyword arguments parse_url gives that name the server rather than how to talk to it.
 _PLACE = ("host", "port", "path", "connection_class")
@@ -49,11 +49,11 @@ def _address(text: str, setting: str) -> tuple[str, int]:
     except ValueError:
         host, port = None, None
     if not host or not port:
-        raise NotConfigured(f"{setting}: {text!r} is not host:port")
+        raise NotConfigured(f"{setting}: {mask_url(raw)!r} is not host:port")
     return host, port
 
 
-def _list(settings: BaseSettings, name: str) -> list[str]:
+def list_setting(settings: BaseSettings, name: str) -> list[str]:
     """A list setting: a list, ``a:1,b:2`` (``-s`` on the command line) or a JSON list."""
     value = settings.get(name)
     if isinstance(value, str) and value.strip().startswith("["):
@@ -75,7 +75,7 @@ class RedisTarget:
     """The fleet's Redis as the settings name it; ``client()``/``sync_client()`` connect
     lazily (no I/O until a command)."""
 
-    url: str
+    url: str = field(repr=False)
     params: dict[str, Any] = field(default_factory=dict, repr=False)
     #: REDIS_URL names one server of a Redis Cluster (implied by REDIS_CLUSTER_NODES).
     cluster: bool = setting("REDIS_CLUSTER", False)
@@ -83,7 +83,11 @@ class RedisTarget:
     sentinels: tuple[tuple[str, int], ...] = setting("REDIS_SENTINELS", ())
     sentinel_master: str = setting("REDIS_SENTINEL_MASTER", "mymaster")
     #: Keyword arguments of the connections to the sentinels (their own password).
-    sentinel_params: dict[str, Any] = setting("REDIS_SENTINEL_PARAMS", {})
+    sentinel_params: dict[str, Any] = field(
+        default_factory=dict,
+        repr=False,
+        metadata=setting("REDIS_SENTINEL_PARAMS", {}).metadata,
+    )
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, url: str, params: dict[str, Any]) -> RedisTarget:
@@ -93,10 +97,11 @@ class RedisTarget:
             url=url,
             params=params,
             cluster_nodes=tuple(
-                _address(n, "REDIS_CLUSTER_NODES") for n in _list(settings, "REDIS_CLUSTER_NODES")
+                _address(n, "REDIS_CLUSTER_NODES")
+                for n in list_setting(settings, "REDIS_CLUSTER_NODES")
             ),
             sentinels=tuple(
-                _address(n, "REDIS_SENTINELS") for n in _list(settings, "REDIS_SENTINELS")
+                _address(n, "REDIS_SENTINELS") for n in list_setting(settings, "REDIS_SENTINELS")
             ),
         )
         values["cluster"] = values["cluster"] or bool(values["cluster_nodes"])
@@ -133,7 +138,17 @@ class RedisTarget:
             parsed = parse_url(self.url)  # type: ignore[no-untyped-call]
         except ValueError as exc:
             raise NotConfigured(f"REDIS_URL {mask_url(self.url)}: {exc}") from exc
-        return {k: v for k, v in parsed.items() if k not in _PLACE}
+        found = {k: v for k, v in parsed.items() if k not in _PLACE}
+        if parsed.get("connection_class") is not None and issubclass(
+            parsed["connection_class"], SSLConnection
+        ):
+            found["ssl"] = True  # rediss://: the cluster's and Sentinel's own TLS switch
+        return found
+
+    def _url_address(self) -> tuple[str, int]:
+        """REDIS_URL's server (6379 unless it names a port)."""
+        parsed = parse_url(self.url)  # type: ignore[no-untyped-call]
+        return str(parsed.get("host") or "127.0.0.1"), int(parsed.get("port") or 6379)
 
     def client(self, **defaults: Any) -> redis.asyncio.Redis:
         """An asyncio client: *defaults*, then REDIS_PARAMS."""
@@ -176,7 +191,7 @@ class RedisTarget:
 
     def _cluster_entry(self) -> tuple[tuple[str, int], ...]:
         """Where the client first asks for the cluster's map: the nodes, or REDIS_URL's server."""
-        return self.cluster_nodes or (_address(self.url, "REDIS_URL"),)
+        return self.cluster_nodes or (self._url_address(),)
 
     def _cluster_options(self, options: dict[str, Any]) -> dict[str, Any]:
         # a cluster has database 0 only, and redis-py refuses the argument

@@ -17,6 +17,7 @@ from scrapy_redis import defaults
 
 from project.config import read_settings, setting
 from project.frontier import lua
+from project.frontier.connection import list_setting
 
 if TYPE_CHECKING:
     from typing import Self
@@ -61,7 +62,9 @@ class KeyTemplates:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
         values = read_settings(cls, settings)
-        cluster = settings.getbool("REDIS_CLUSTER") or bool(settings.get("REDIS_CLUSTER_NODES"))
+        cluster = settings.getbool("REDIS_CLUSTER") or bool(
+            list_setting(settings, "REDIS_CLUSTER_NODES")
+        )
         if cluster:
             if settings.get("FRONTIER_HASH_TAG") is not None and not values["tagged"]:
                 raise NotConfigured(

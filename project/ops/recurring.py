@@ -119,7 +119,6 @@ def _seen(args: argparse.Namespace) -> int:
     target = _redis_target(settings)
 
     async def work() -> int:
-        import redis.asyncio
 
         from project.frontier.config import FrontierConfig
 
@@ -141,7 +140,7 @@ def _seen(args: argparse.Namespace) -> int:
             )
             return 0
         finally:
-            await redis.asyncio.Redis.aclose(server)
+            await server.aclose()  # a cluster's client is no redis.asyncio.Redis
 
     with _redis_errors(target):
         return asyncio.run(work())

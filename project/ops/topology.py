@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -148,9 +149,12 @@ def _form_cluster(cfg: ServicesConfig, ports: Sequence[int], replicas: int) -> N
             argv = ["redis-cli", "--cluster", "create"]
             argv += [netloc(cfg.host, port) for port in ports]
             argv += ["--cluster-replicas", str(replicas), "--cluster-yes"]
-            if cfg.redis_password:
-                argv += ["--no-auth-warning", "-a", cfg.redis_password]
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            env = dict(os.environ)
+            if cfg.redis_password:  # through the environment, never onto a command line
+                env["REDISCLI_AUTH"] = cfg.redis_password
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=60, check=False, env=env
+            )
             if done.returncode != 0:
                 raise ServiceError(f"redis-cli --cluster create failed: {done.stdout[-500:]}")
 

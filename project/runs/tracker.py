@@ -19,8 +19,8 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import ClusterDownError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -181,7 +181,12 @@ class RunTracker:
                     _LEAVE.source, len(_LEAVE.keys), *_LEAVE.keys_from(self.keys),
                     self._node(), run_id, json.dumps(mine),
                 )  # fmt: skip
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except (
+                RedisConnectionError,
+                RedisTimeoutError,
+                ClusterDownError,
+                TryAgainError,
+            ) as exc:
                 # a pooled connection a long partition killed (TCP keepalive) fails once;
                 # leaving again is harmless (lua/run_leave.lua)
                 if retries > 0:
