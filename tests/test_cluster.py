@@ -115,6 +115,17 @@ def test_two_nodes_crawl_on_a_cluster_with_every_key_in_the_seeds_slot(
     status = json.loads(done.stdout)
     assert status["queued"] == status["in_flight"] == 0, status
     assert status["seen"] >= _PRODUCTS, status
+    seen = run_cli(
+        "seen",
+        "info",
+        "-s",
+        f"REDIS_CLUSTER_NODES={','.join(group.nodes)}",
+        *cluster_fleet.space.cli_args(),
+        env={},
+    )
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.startswith(f"{keys.dupefilter}: "), seen.stdout
+    assert '"mode": "set"' in seen.stdout, seen.stdout
 
 
 def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_completes(
