@@ -152,42 +152,46 @@ class RedisTarget:
 
     def client(self, **defaults: Any) -> redis.asyncio.Redis:
         """An asyncio client: *defaults*, then REDIS_PARAMS."""
-        options = {**defaults, **self.params}
-        if self.mode == "cluster":
-            return redis.asyncio.cluster.RedisCluster(  # type: ignore[return-value]
-                startup_nodes=[
-                    redis.asyncio.cluster.ClusterNode(h, p) for h, p in self._cluster_entry()
-                ],
-                **self._cluster_options(options),
-            )
-        if self.mode == "sentinel":
-            sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-                list(self.sentinels),
-                sentinel_kwargs=self._sentinel_kwargs(defaults),
-                **{**self._credentials(), **options},
-            )
-            return cast("redis.asyncio.Redis", sentinel.master_for(self.sentinel_master))
-        return redis.asyncio.from_url(self.url, **options)
+        return cast(
+            "redis.asyncio.Redis",
+            self._connect(
+                defaults,
+                redis.asyncio.cluster.RedisCluster,
+                redis.asyncio.cluster.ClusterNode,
+                redis.asyncio.sentinel.Sentinel,
+                redis.asyncio.from_url,
+            ),
+        )
 
     def sync_client(self, **defaults: Any) -> redis.Redis:
         """A blocking client (the admin commands, the dashboard): *defaults*, then REDIS_PARAMS."""
+        return cast(
+            "redis.Redis",
+            self._connect(
+                defaults,
+                redis.cluster.RedisCluster,
+                redis.cluster.ClusterNode,
+                redis.sentinel.Sentinel,
+                redis.Redis.from_url,
+            ),
+        )
+
+    def _connect(
+        self, defaults: dict[str, Any], cluster: Any, node: Any, sentinel: Any, from_url: Any
+    ) -> Any:
+        """A client of this target from redis-py's classes of one flavour (asyncio or not)."""
         options = {**defaults, **self.params}
         if self.mode == "cluster":
-            return redis.cluster.RedisCluster(  # type: ignore[return-value]
-                startup_nodes=[
-                    redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
-                    for h, p in self._cluster_entry()
-                ],
-                **self._cluster_options(options),
-            )
+            nodes = [node(host, port) for host, port in self._cluster_entry()]
+            return cluster(startup_nodes=nodes, **self._cluster_options(options))
         if self.mode == "sentinel":
-            sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            sentinels = sentinel(
                 list(self.sentinels),
                 sentinel_kwargs=self._sentinel_kwargs(defaults),
                 **{**self._credentials(), **options},
             )
-            return cast("redis.Redis", sentinel.master_for(self.sentinel_master))  # type: ignore[no-untyped-call]
-        return redis.Redis.from_url(self.url, **options)
+            return sentinels.master_for(self.sentinel_master)
+        return from_url(self.url, **options)
 
     def _cluster_entry(self) -> tuple[tuple[str, int], ...]:
         """Where the client first asks for the cluster's map: the nodes, or REDIS_URL's server."""

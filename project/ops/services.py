@@ -55,6 +55,7 @@ __all__ = [
     "ServicesConfig",
     "free_port",
     "main",
+    "running_pid",
     "start_mongo",
     "start_redis",
     "status",
@@ -486,6 +487,12 @@ def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
     return _launch(cfg, layout, argv)
 
 
+def running_pid(cfg: ServicesConfig, directory: str | None = None) -> int | None:
+    """The pid of the Redis in *directory* (a cluster's, a Sentinel group's), if its pidfile
+    names one."""
+    return _read_pid(_layout(cfg, "redis", directory))
+
+
 def stop_service(cfg: ServicesConfig, name: str, directory: str | None = None) -> bool:
     """Stop service *name* (SIGTERM, then SIGKILL); False if it was not running."""
     layout = _layout(cfg, name, directory)
@@ -635,12 +642,13 @@ def _stop_group(cfg: ServicesConfig, shape: str) -> None:
     from project.ops import topology
 
     ports, sentinels = _group(cfg, shape)
-    directory = topology.CLUSTER_DIR if shape == "cluster" else topology.SENTINEL_DIR
-    for port in sentinels + ports:
-        member = dataclasses.replace(cfg, redis_port=port)
-        pid = _read_pid(_layout(member, "redis", f"{directory}/{port}"))
-        if stop_service(member, "redis", f"{directory}/{port}"):
-            print(f"redis {shape} {port}: stopped pid {pid}")
+    group: topology.ClusterInfo | topology.SentinelInfo = (
+        topology.ClusterInfo(cfg.host, tuple(ports), {})
+        if shape == "cluster"
+        else topology.SentinelInfo(cfg.host, tuple(ports), tuple(sentinels), {})
+    )
+    for port, pid in topology.stop_group(cfg, group):
+        print(f"redis {shape} {port}: stopped pid {pid}")
 
 
 def _start_all(cfg: ServicesConfig, mongo_uri: str | None, shape: str | None = None) -> int:

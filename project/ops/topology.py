@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from project.ops.processes import ServiceError, free_port, netloc
-from project.ops.services import ServicesConfig, start_redis, stop_service
+from project.ops.services import ServicesConfig, running_pid, start_redis, stop_service
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -229,12 +229,16 @@ def _start_sentinel_group(
     _wait("the replicas did not finish their first sync", lambda: _synced(cfg, rest), 30)
 
 
-def stop_group(cfg: ServicesConfig, group: ClusterInfo | SentinelInfo) -> None:
-    """Stop every server of *group* that still runs (by pidfile)."""
+def stop_group(cfg: ServicesConfig, group: ClusterInfo | SentinelInfo) -> list[tuple[int, int]]:
+    """Stop every server of *group* that still runs (by pidfile); ``(port, pid)`` of those."""
     if isinstance(group, ClusterInfo):
         members = [(port, f"{CLUSTER_DIR}/{port}") for port in group.ports]
     else:
         members = [(port, f"{SENTINEL_DIR}/{port}") for port in group.sentinel_ports]
         members += [(port, f"{SENTINEL_DIR}/{port}") for port in group.redis_ports]
+    stopped = []
     for port, directory in members:
-        stop_service(_member(cfg, port), "redis", directory)
+        pid = running_pid(_member(cfg, port), directory)
+        if stop_service(_member(cfg, port), "redis", directory) and pid is not None:
+            stopped.append((port, pid))
+    return stopped
