@@ -12,14 +12,23 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import pymongo
+
     from project.ops.topology import ClusterInfo
+
+
+#: A crawl slow enough to kill a master in the middle of it (tests/test_cluster.py,
+#: tests/test_sentinel.py).
+PRODUCTS = 300
+SHOP = {"latency_ms": 60}
+NODE = {"CONCURRENT_REQUESTS": 4}
 
 
 @dataclass
@@ -107,3 +116,17 @@ def slot_master(group: ClusterInfo, key: str, dead: int | None = None) -> tuple[
                     port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
                     return port, group.pids[port]
     return None
+
+
+def crawl_outcome(shop, mongo: pymongo.database.Database[Any]) -> dict[str, int]:
+    stats = shop.stats()
+    hits = stats["product_hits"]
+    skus = [doc["sku"] for doc in mongo.products.find({}, {"sku": 1})]
+    return {
+        "products": PRODUCTS,
+        "stored": len(set(skus)),
+        "documents": len(skus),
+        "lost": PRODUCTS - len(set(skus)),
+        "fetched_twice": sum(1 for n in hits.values() if n > 1),
+        "pages_fetched_twice": sum(1 for n in stats["hits"].values() if n > 1),
+    }

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -17,20 +17,14 @@ import redis.cluster
 from project.frontier.connection import RedisTarget
 from project.ops.services import ServicesConfig, free_port
 from project.ops.topology import ClusterInfo, start_cluster, stop_group
-from tests.failover import LossProbe, slot_master
+from tests.failover import NODE, PRODUCTS, SHOP, LossProbe, crawl_outcome, slot_master
 from tests.fleet import Fleet, KeySpace, run_cli, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    import pymongo
 
 pytestmark = pytest.mark.slow
-
-#: A crawl slow enough to kill a master in the middle of it.
-_PRODUCTS = 300
-_SHOP = {"latency_ms": 60}
-_NODE = {"CONCURRENT_REQUESTS": 4}
 
 
 @pytest.fixture
@@ -55,7 +49,7 @@ def cluster_fleet(
         mongo_db=mongo_db,
         log_dir=tmp_path,
         space=space,
-        settings={"REDIS_CLUSTER_NODES": group.nodes, **_NODE},
+        settings={"REDIS_CLUSTER_NODES": group.nodes, **NODE},
         # every server, as the nodes get them: the one in group.url may be the one killed
         target=RedisTarget(
             group.url, cluster=True, cluster_nodes=tuple((group.host, p) for p in group.ports)
@@ -65,33 +59,19 @@ def cluster_fleet(
     crew.stop()
 
 
-def _crawl_outcome(shop, mongo: pymongo.database.Database[Any]) -> dict[str, int]:
-    stats = shop.stats()
-    hits = stats["product_hits"]
-    skus = [doc["sku"] for doc in mongo.products.find({}, {"sku": 1})]
-    return {
-        "products": _PRODUCTS,
-        "stored": len(set(skus)),
-        "documents": len(skus),
-        "lost": _PRODUCTS - len(set(skus)),
-        "fetched_twice": sum(1 for n in hits.values() if n > 1),
-        "pages_fetched_twice": sum(1 for n in stats["hits"].values() if n > 1),
-    }
-
-
 def test_two_nodes_crawl_on_a_cluster_with_every_key_in_the_seeds_slot(
     cluster_fleet: Fleet, cluster, make_shop, mongo
 ) -> None:
     _, group = cluster
-    shop = make_shop(products=_PRODUCTS)
+    shop = make_shop(products=PRODUCTS)
     cluster_fleet.start_node()
     cluster_fleet.start_node()
     cluster_fleet.wait_ready()
     cluster_fleet.seed(shop.url("/"))  # redis-cli -c lpush, as users seed
     assert cluster_fleet.wait(180) == [0, 0], cluster_fleet.log(0)[-3000:]
 
-    outcome = _crawl_outcome(shop, mongo)
-    assert outcome["stored"] == outcome["documents"] == _PRODUCTS
+    outcome = crawl_outcome(shop, mongo)
+    assert outcome["stored"] == outcome["documents"] == PRODUCTS
     assert outcome["pages_fetched_twice"] == 0
     keys = cluster_fleet.keys
     client = cluster_fleet.client()
@@ -114,7 +94,7 @@ def test_two_nodes_crawl_on_a_cluster_with_every_key_in_the_seeds_slot(
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
     assert status["queued"] == status["in_flight"] == 0, status
-    assert status["seen"] >= _PRODUCTS, status
+    assert status["seen"] >= PRODUCTS, status
     seen = run_cli(
         "seen",
         "info",
@@ -132,7 +112,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     cluster_fleet: Fleet, cluster, make_shop, mongo
 ) -> None:
     _, group = cluster
-    shop = make_shop(products=_PRODUCTS, **_SHOP)
+    shop = make_shop(products=PRODUCTS, **SHOP)
     keys = cluster_fleet.keys
     serving = slot_master(group, keys.start_urls)
     assert serving is not None
@@ -147,7 +127,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     cluster_fleet.wait_ready()
     cluster_fleet.seed(shop.url("/"))
     probe = LossProbe(master, f"{tag}:probe:plain", f"{tag}:probe:waited", replicas=1).start()
-    wait_for(lambda: mongo.products.count_documents({}) >= _PRODUCTS // 4, 120, "a quarter stored")
+    wait_for(lambda: mongo.products.count_documents({}) >= PRODUCTS // 4, 120, "a quarter stored")
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
 
@@ -164,7 +144,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
         client.close()
     assert cluster_fleet.wait(240) == [0, 0], cluster_fleet.log(0)[-3000:]
 
-    outcome = _crawl_outcome(shop, mongo)
+    outcome = crawl_outcome(shop, mongo)
     figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2)}
     print("cluster failover:", json.dumps(figures))
     (Path(cluster_fleet.log_dir) / "failover.json").write_text(json.dumps(figures))
@@ -172,7 +152,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     # last acknowledged writes rewinds it to an earlier whole state: pages whose acks were
     # lost are leased again (fetched twice), items are upserts (stored once).
     assert outcome["lost"] == 0
-    assert outcome["documents"] == _PRODUCTS
+    assert outcome["documents"] == PRODUCTS
     assert losses["lost_waited"] == 0  # WAIT 1: on the replica that took over
     for index in (0, 1):
         log = cluster_fleet.log(index)

@@ -70,6 +70,22 @@ def _wait_mid_crawl(client: redis.Redis, db: Any, fleet: NetnsFleet, node: str) 
     wait_for(working, 60, f"{node} holding leases mid-crawl", 0.01)
 
 
+def _crawling(
+    network: Network, products: int, latency_ms: int, nodes: int, **settings: Any
+) -> tuple[NetnsShop, NetnsFleet, redis.Redis, Any]:
+    """*nodes* nodes crawling a shop of *products* (6 downloads at once), node0 mid-crawl."""
+    redis_url, mongo_url, shop = _services(network, products, latency_ms=latency_ms)
+    fleet = network.fleet(redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6, **settings})
+    client = network.redis(redis_url)
+    db = network.mongo(mongo_url)[fleet.mongo_db]
+    for _ in range(nodes):
+        fleet.start_node()
+    fleet.wait_ready()
+    fleet.seed(shop.url("/"))
+    _wait_mid_crawl(client, db, fleet, _node_id(fleet, 0))
+    return shop, fleet, client, db
+
+
 def _target(url: str) -> str:
     """*url* as the shop counts it: path and query."""
     parts = urlsplit(url)
@@ -120,19 +136,9 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
     network: Network,
 ) -> None:
     products = 200
-    redis_url, mongo_url, shop = _services(network, products, latency_ms=100)
     # DEBUG: "Crawled" lines say which node fetched what.
-    fleet = network.fleet(
-        redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6, "LOG_LEVEL": "DEBUG"}
-    )
-    client = network.redis(redis_url)
-    db = network.mongo(mongo_url)[fleet.mongo_db]
-    for _ in range(3):
-        fleet.start_node()
-    fleet.wait_ready()
-    fleet.seed(shop.url("/"))
+    shop, fleet, client, db = _crawling(network, products, 100, 3, LOG_LEVEL="DEBUG")
     node0 = _node_id(fleet, 0)
-    _wait_mid_crawl(client, db, fleet, node0)
 
     network.cut("node0", "redis")
     cut_at = time.monotonic()
@@ -174,16 +180,7 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
 def test_a_node_cut_off_from_mongodb_journals_then_replays(network: Network) -> None:
     products = 300
     # 330 pages at 6 at a time, 450 ms each: about 25 s, outlasting the cut and its detection.
-    redis_url, mongo_url, shop = _services(network, products, latency_ms=450)
-    fleet = network.fleet(redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6})
-    client = network.redis(redis_url)
-    db = network.mongo(mongo_url)[fleet.mongo_db]
-    for _ in range(2):
-        fleet.start_node()
-    fleet.wait_ready()
-    fleet.seed(shop.url("/"))
-    node0 = _node_id(fleet, 0)
-    _wait_mid_crawl(client, db, fleet, node0)
+    shop, fleet, _, db = _crawling(network, products, 450, 2)
 
     network.cut("node0", "mongo")
     print(f"node0 cut off from MongoDB at {time.strftime('%H:%M:%S')}")

@@ -15,9 +15,8 @@ import redis
 from project.frontier.connection import RedisTarget
 from project.ops.services import ServicesConfig, free_port
 from project.ops.topology import SentinelInfo, start_sentinel_group, stop_group
-from tests.failover import LossProbe
+from tests.failover import NODE, PRODUCTS, SHOP, LossProbe, crawl_outcome
 from tests.fleet import Fleet, KeySpace, wait_for
-from tests.test_cluster import _NODE, _PRODUCTS, _SHOP, _crawl_outcome
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -69,12 +68,12 @@ def test_a_killed_master_is_replaced_by_sentinels_and_the_nodes_follow(
         settings={
             "REDIS_SENTINELS": group.sentinels,
             "REDIS_SENTINEL_MASTER": group.master_name,
-            **_NODE,
+            **NODE,
         },
         target=target,
     )
     try:
-        shop = make_shop(products=_PRODUCTS, **_SHOP)
+        shop = make_shop(products=PRODUCTS, **SHOP)
         master = _master_port(group)
         assert master == group.redis_ports[0]
         fleet.start_node()
@@ -88,7 +87,7 @@ def test_a_killed_master_is_replaced_by_sentinels_and_the_nodes_follow(
             replicas=2,  # either replica may be promoted
         ).start()
         wait_for(
-            lambda: mongo.products.count_documents({}) >= _PRODUCTS // 4, 120, "a quarter stored"
+            lambda: mongo.products.count_documents({}) >= PRODUCTS // 4, 120, "a quarter stored"
         )
         killed_at = time.monotonic()
         os.kill(group.pids[master], signal.SIGKILL)
@@ -100,11 +99,11 @@ def test_a_killed_master_is_replaced_by_sentinels_and_the_nodes_follow(
     finally:
         fleet.stop()
 
-    outcome = _crawl_outcome(shop, mongo)
+    outcome = crawl_outcome(shop, mongo)
     figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2)}
     print("sentinel failover:", json.dumps(figures))
     assert outcome["lost"] == 0
-    assert outcome["documents"] == _PRODUCTS
+    assert outcome["documents"] == PRODUCTS
     assert losses["lost_waited"] == 0  # WAIT 2: on whichever replica took over
     for index in (0, 1):
         log = fleet.log(index)
