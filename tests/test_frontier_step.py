@@ -82,6 +82,84 @@ def test_enqueue_filters_duplicates_in_and_across_batches(
     assert int(redis_client.get(keys.queued)) == 5
 
 
+async def _join(client: redis.asyncio.Redis, keys: FrontierKeys, run: str) -> None:
+    """A node joins the crawl run *run* (lua/run_join.lua), as the run tracker does."""
+    script = lua.load("run_join")
+    await client.eval(script.source, len(script.keys), *script.keys_from(keys), "n", run, "0")
+
+
+async def _end_run(queue: LeasedQueue, run: str) -> None:
+    """The fleet fetches what is queued and its last node leaves the run (lua/run_leave.lua)."""
+    leased = (await queue.step(StepBatch(want=100))).leased
+    await queue.step(StepBatch(acks=[queue.request_member(e.site, e.payload) for e in leased]))
+    script = lua.load("run_leave")
+    keys = script.keys_from(queue.keys)
+    reply = await queue.server.eval(script.source, len(keys), *keys, "n", run, "{}")
+    assert reply[0] == b"final"
+
+
+def test_a_seed_is_queued_once_in_a_run_whose_seen_set_began_empty(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """Seeds skip the filter so tomorrow's crawl fetches them again; within one run a seed
+    whose URL is queued already (pushed twice, or linked by a page fetched before start()
+    yielded it) is a duplicate."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        a.runs = b.runs = True
+        # the seed goes first, before any node joined the run: it says the run is fresh
+        first = await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(1, mode=b"s")]))
+        assert (first.added, first.duplicates) == (1, 1)
+        await _join(a.server, a.keys, "run-1")
+        # a page of the crawl links a URL, and start() yields it later
+        await b.step(StepBatch(enqueue=[entry(2)]))
+        late = await a.step(StepBatch(enqueue=[entry(2, mode=b"s"), entry(1, mode=b"s")]))
+        assert (late.added, late.duplicates) == (0, 2)
+        # what the user marked dont_filter is queued again, as Scrapy says
+        again = await b.step(StepBatch(enqueue=[entry(2, mode=b"m", tag=1)]))
+        assert (again.added, again.duplicates) == (1, 0)
+
+    run(redis_url, keys, scenario)
+    assert redis_client.hget(keys.runs, "fresh") == b"1"
+    assert redis_client.zcard(keys.site_queue("s")) == 3
+
+
+def test_a_seed_is_queued_once_in_each_run_of_a_persisted_seen_set(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        a.runs = b.runs = True
+        await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(2)]))
+        await _join(a.server, a.keys, "run-1")
+        await _end_run(a, "run-1")
+        # the next run: the seen-set holds yesterday's URLs, the seed goes again, once
+        await _join(a.server, a.keys, "run-2")
+        second = await a.step(StepBatch(enqueue=[entry(1, mode=b"s")]))
+        assert (second.added, second.duplicates) == (1, 0)
+        assert redis_client.hget(keys.runs, "fresh") == b"0"
+        twice = await b.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(2, mode=b"s")]))
+        assert (twice.added, twice.duplicates) == (1, 1)
+        again = await b.step(StepBatch(enqueue=[entry(2, mode=b"s"), entry(2)]))
+        assert (again.added, again.duplicates) == (0, 2)
+
+    run(redis_url, keys, scenario)
+    assert redis_client.zcard(keys.site_queue("s")) == 2
+    assert redis_client.smembers(keys.runs + ":seeds") == {b"fp1", b"fp2"}
+
+
+def test_without_crawl_runs_a_seed_is_queued_each_time_it_is_pushed(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """RUNS_ENABLED off: no run says when a seed may go again, so it goes as pushed."""
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        result = await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(1, mode=b"s")]))
+        assert (result.added, result.duplicates) == (2, 0)
+
+    run(redis_url, keys, scenario)
+    assert not redis_client.exists(keys.runs, keys.runs + ":seeds")
+
+
 def test_enqueue_puts_each_request_under_the_site_it_names(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:

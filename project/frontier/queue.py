@@ -139,6 +139,9 @@ class LeasedQueue(Base):  # type: ignore[misc]
         self.max_deliveries = max_deliveries
         #: The seen-set's form (project/frontier/seen.py), known once the node reached Redis.
         self.seen_form: dict[str, Any] = {"mode": "set"}
+        #: The fleet keeps crawl runs (set by project/runs/tracker.py): a seed is queued
+        #: once per run (lua/step/enqueue.lua), not each time it is pushed.
+        self.runs = False
         self.member_prefix = node_id.encode() + b"\n"
         self._scripts = {name: lua.load(name) for name in ("step", "release", "start")}
         self._step = server.register_script(self._scripts["step"].source)
@@ -191,6 +194,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["list_dupes"] = True
         if self.seen_form["mode"] != "set":
             options["seen"] = self.seen_form
+        if self.runs:
+            options["runs"] = True
         if batch.revisit_due:
             options["revisit"] = batch.revisit_due
         return json.dumps(options, separators=(",", ":")).encode()

@@ -371,8 +371,11 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         except UnserializableRequestError:
             self.stats.inc_value("frontier/unserializable")
             raise
-        # Requests that skip the filter still mark their URL as seen.
+        # Requests that skip the filter still mark their URL as seen; seeds and start()'s
+        # requests skip it to be fetched again in the next crawl run, but once in each.
         mode = b"m" if request.dont_filter or not self._filtering else b"f"
+        if seed and mode == b"m" and self._filtering:
+            mode = b"s"
         if mode == b"f" and self._revisit is not None and self._revisit.interval(request) > 0:
             mode = b"r"  # seen, but fetched again once its revisit is due
         url_site = site_of(request.url)

@@ -94,8 +94,11 @@ class RunTracker:
 
     def spider_opened(self, spider: Spider) -> None:
         self.spider = spider
-        if self._scheduler() is None:
+        scheduler = self._scheduler()
+        if scheduler is None:
             return  # not a fleet node (another scheduler): no fleet run to join
+        # before the frontier's first step: its seeds are queued once per run from the start
+        scheduler.queue.runs = True
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _pause(self, seconds: float) -> bool:

@@ -5,7 +5,8 @@
   alive set, when the fleet has one) no longer count as in the run.
 
   Input:
-    KEYS[1]  runs        the current run (run_join.lua)
+    KEYS[1]  runs        the current run (run_join.lua); "<runs>:seeds" the fingerprints of
+                         the seeds queued in it (step/enqueue.lua), which go with it
     KEYS[2]  alive       node id, scored by when its presence expires (the monitor's)
     KEYS[3]  queued      requests queued over all sites
     KEYS[4]  delayed     retries waiting
@@ -25,7 +26,7 @@
 --@include lib/crawl.lua
 
 local now = now_ms()
-local members, stats = K.runs .. ':members', K.runs .. ':stats'
+local members, stats, seeds = K.runs .. ':members', K.runs .. ':stats', K.runs .. ':seeds'
 if redis.call('HGET', K.runs, 'id') ~= ARGV[2] then return {'other'} end
 redis.call('HSET', stats, ARGV[1], ARGV[3])
 redis.call('SREM', members, ARGV[1])
@@ -41,6 +42,6 @@ if others > 0 or busy == 1 then return {'left', others, busy} end
 local out = {'final', redis.call('HGET', K.runs, 'started'), string.format('%.0f', now),
              redis.call('HGET', K.runs, 'fresh') or '0'}
 for _, v in ipairs(redis.call('HGETALL', stats)) do out[#out + 1] = v end
-redis.call('DEL', K.runs, members, stats)
+redis.call('DEL', K.runs, members, stats, seeds)
 redis.call('HSET', K.runs, 'idle_since', string.format('%.0f', now))
 return out

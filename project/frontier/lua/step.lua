@@ -49,6 +49,8 @@
                counts     {enqueue, ack, retry, dead, heartbeat, pause, latency}: entries
                            in each ARGV section
                list_dupes true: return where the duplicates are in the batch (DUPEFILTER_DEBUG)
+               runs       true: the fleet keeps crawl runs; a seed is queued once in each
+                          (step/enqueue.lua)
                start      'run': extend this node's claim on start(); 'done': its start()
                            is over and its requests are in (this step enqueues the last)
     ARGV[2..] the sections, in the order of `counts`; each phase file describes its own

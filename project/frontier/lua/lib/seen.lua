@@ -14,6 +14,7 @@
   The forms other than `set` count what they hold in "<dupefilter>:n" (SCARD for a set).
   Keys are built from K.dupefilter, so they share its hash slot when it has a hash tag.
 
+  seen_empty() is true while the seen-set holds nothing, in any form.
   seen_mark(fps, cfg) marks every fingerprint of `fps` as seen; returns a table of
   booleans, true where that fingerprint was seen before (or earlier in `fps`), and how
   many were new. cfg: nil or {mode = 'set'}, {mode = 'exact', buckets = 2^b},
@@ -101,6 +102,10 @@ local function seen_mark(fps, cfg)
     end
     if new > 0 then redis.call('INCRBY', K.dupefilter .. ':n', new) end
     return flags, new
+end
+
+local function seen_empty()
+    return redis.call('EXISTS', K.dupefilter, K.dupefilter .. ':n') == 0
 end
 
 -- Only whether each fingerprint was seen, marking nothing: {true/false, ...}

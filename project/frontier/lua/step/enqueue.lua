@@ -4,14 +4,16 @@
   queues. One SMISMEMBER on each set for the whole batch, one ZADD per site.
 
   Keys: dupefilter (and the keys of lib/seen.lua), allowed, seq, queue, throttled, queued,
-        revisit, due, and the site queues.
+        revisit, due, runs, and the site queues.
   ARGV section, ENQUEUE_WIDTH values per request:
     mode .. fingerprint  'f' + fingerprint: dropped if seen; 'm' + fingerprint
                          (dont_filter): queued anyway, and marked as seen; 'r' +
                          fingerprint: a URL under a revisit policy (project/frontier/
                          revisit.py): dropped if seen, unless its revisit is due (`due`
                          scores it); then it goes again with its last fetch's record
-                         (step/revisit.lua), and is due again one interval later
+                         (step/revisit.lua), and is due again one interval later;
+                         's' + fingerprint: a seed or a request of start() (the fleet's
+                         dont_filter): queued once per crawl run (options.runs), else as 'm'
     site                 the politeness unit the request counts against
     priority             Scrapy's request priority (clamped to +-PRIORITY_LIMIT)
     payload              the request as JSON (project/frontier/wire.py)
@@ -25,7 +27,12 @@
                            '~' site  a redirect within one domain: only if the site it
                                      came from is allowed; then its own site joins
   Options: list_dupes (true): also return the batch positions (0-based) of the duplicates,
-  for DUPEFILTER_DEBUG's log lines; seen: the seen-set's form (lib/seen.lua).
+  for DUPEFILTER_DEBUG's log lines; seen: the seen-set's form (lib/seen.lua); runs (true):
+  the fleet keeps crawl runs (lua/run_join.lua). Then the first batch of a run says whether
+  the seen-set was empty as the run began ('fresh' in `runs`): if it was, a seen seed was
+  seen in this run and is a duplicate; if not, a seed is a duplicate when it is in
+  "<runs>:seeds" (the seeds queued in this run, deleted with the run) or its revisit record
+  names this run (step/revisit.lua).
   Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...},
            revisits (seen URLs queued again because they were due), {record, ...} of URLs
            rediscovered before their revisit is due (step/revisit.lua)
@@ -75,11 +82,32 @@ local function in_scope(count, at)
     return keep
 end
 
+-- The crawl run seeds are queued once in ({id, fresh}), read before the batch marks
+-- anything; nil when the fleet keeps no runs
+local function seeds_run(opt)
+    if not opt.runs then return nil end
+    local state = redis.call('HMGET', K.runs, 'id', 'fresh')
+    if not state[2] then
+        state[2] = seen_empty() and '1' or '0'
+        redis.call('HSET', K.runs, 'fresh', state[2])
+    end
+    return {id = state[1] or '', fresh = state[2] == '1'}
+end
+
+-- Whether a seed was queued in this run already (a run whose seen-set was not fresh); it
+-- is one of the run's seeds from now on
+local function seed_queued(fp, run)
+    if redis.call('SADD', K.runs .. ':seeds', fp) == 0 then return true end
+    local parts = run.id ~= '' and split_revisit(redis.call('HGET', K.revisit, fp) or '')
+    return parts and parts[2] == run.id or false
+end
+
 local function enqueue(at, count, opt, now)
     if count == 0 then return 0, 0, 0, {}, 0, {} end
     local keep = in_scope(count, at)
     local fps = {}
     for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
+    local run = seeds_run(opt)
     local flags = seen_mark(fps, opt.seen)
     local fresh, listed, in_batch, still = {}, {}, {}, {}
     local dupes, revisits = 0, 0
@@ -94,8 +122,11 @@ local function enqueue(at, count, opt, now)
             if payload then revisits = revisits + 1; seen = false end
             if record and #still < MAX_STILL then still[#still + 1] = record end
         end
+        if mode == 's' and run and not run.fresh then
+            seen = in_batch[fps[j]] or seed_queued(fps[j], run)
+        end
         in_batch[fps[j]] = true
-        if seen and mode ~= 'm' then
+        if seen and mode ~= 'm' and (mode ~= 's' or run) then
             dupes = dupes + 1
             if opt.list_dupes then listed[#listed + 1] = e end
         else
