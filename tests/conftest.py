@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from project.ops.services import (
     start_redis,
     stop_service,
 )
+from tests import forkserver
 from tests.fleet import Fleet, KeySpace
 from tests.site.server import ShopServer
 
@@ -24,6 +26,48 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from project.frontier.keys import FrontierKeys
+
+
+#: Fixtures that start real processes besides the session's services: a test that uses one
+#: is a ``crawl`` test (left out of ``make test-fast``).
+_PROCESS_FIXTURES = frozenset({"fleet", "make_shop", "scrapyds", "two_crawls"})
+#: A test that takes longer carries ``slow`` with the reason (make test prints the others).
+SLOW_SECONDS = 20.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is not None and not (marker.args or marker.kwargs.get("reason")):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.slow needs a reason")
+        if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.crawl)
+
+
+_over: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > SLOW_SECONDS and "slow" not in report.keywords:
+        _over.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _over:
+        terminalreporter.section(f"over {SLOW_SECONDS:.0f} s without a slow marker")
+        for duration, nodeid in sorted(_over, reverse=True):
+            terminalreporter.line(f"{duration:6.1f}s {nodeid}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Nodes, shops and commands forked from a warm interpreter (tests/forkserver.py);
+    ``FLEET_TESTS_FORK=0`` starts each with its own interpreter instead."""
+    if os.environ.get("FLEET_TESTS_FORK", "1") == "0":
+        yield
+        return
+    with forkserver.serve(tmp_path_factory.mktemp("fork")):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from project.frontier.keys import FrontierKeys, KeyTemplates
+from tests import forkserver
 
 if TYPE_CHECKING:
     from project.frontier.connection import RedisTarget
@@ -97,7 +98,7 @@ class Fleet:
     settings: dict[str, Any] = field(default_factory=dict)
     #: ``-a NAME=VALUE`` spider arguments of every node.
     spider_args: dict[str, str] = field(default_factory=dict)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes] | forkserver.Forked] = field(default_factory=list)
     cwd: Path = ROOT
     #: A Redis Cluster or Sentinel group (its settings go to every node); None: redis_url.
     target: RedisTarget | None = None
@@ -116,7 +117,9 @@ class Fleet:
         )
         return env
 
-    def start_node(self, *wrapper: str, **settings: Any) -> subprocess.Popen[bytes]:
+    def start_node(
+        self, *wrapper: str, **settings: Any
+    ) -> subprocess.Popen[bytes] | forkserver.Forked:
         """A ``scrapy crawl`` node; *wrapper* is a command it runs under (faketime, prlimit)."""
         index = len(self.procs)
         merged = {
@@ -126,15 +129,21 @@ class Fleet:
             **self.settings,
             **settings,
         }
-        argv = [*wrapper, sys.executable, "-m", "scrapy", "crawl", self.spider]
+        args = ["crawl", self.spider]
         for key, value in merged.items():
             text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-            argv += ["-s", f"{key}={text}"]
+            args += ["-s", f"{key}={text}"]
         for key, value in self.spider_args.items():
-            argv += ["-a", f"{key}={value}"]
+            args += ["-a", f"{key}={value}"]
         with (self.log_dir / f"node{index}.log").open("wb") as log:
-            proc = subprocess.Popen(
-                argv, cwd=self.cwd, env=self.env(), stdout=log, stderr=subprocess.STDOUT
+            proc = forkserver.spawn(
+                "scrapy",
+                args,
+                cwd=self.cwd,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                wrapper=wrapper,
             )
         self.procs.append(proc)
         return proc
@@ -227,15 +236,29 @@ def run_cli(
     *args: str, env: dict[str, str], timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``fleetcrawl`` command as users do, from the project folder."""
-    return subprocess.run(
-        [sys.executable, "-m", "project.ops.cli", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = forkserver.spawn(
+            "project.ops.cli",
+            args,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, code, _text(out.read()), _text(err.read()))
+
+
+def _text(data: bytes) -> str:
+    """Output as ``subprocess.run(text=True)`` gives it: universal newlines."""
+    return data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def wait_for(condition, timeout: float, what: str, interval: float = 0.02):

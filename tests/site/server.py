@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import select
 import subprocess
@@ -20,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, Self, cast
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from tests import forkserver
 from tests.site.api import CATEGORIES_PATH, MAX_BODY_BYTES, PRODUCTS_PATH, CatalogueApi
 from tests.site.articles import generate_journal
 from tests.site.books import generate_library
@@ -523,7 +525,7 @@ class ShopServer:
         self.args: list[str] = ["--port", "0", *_flags(options)]
         self.base_url: str = ""
         self._startup_timeout = startup_timeout
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | forkserver.Forked | None = None
         self._stderr: IO[bytes] | None = None
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -612,10 +614,11 @@ class ShopServer:
     def start(self) -> Self:
         """Start the subprocess and wait for the port it bound."""
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.site", *self.args],
+        self._process = forkserver.spawn(
+            "tests.site",
+            self.args,
             cwd=_REPO_ROOT,
-            stdin=subprocess.DEVNULL,
+            env=os.environ,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
         )
@@ -626,7 +629,7 @@ class ShopServer:
             raise
         return self
 
-    def _read_url(self, process: subprocess.Popen[bytes]) -> str:
+    def _read_url(self, process: subprocess.Popen[bytes] | forkserver.Forked) -> str:
         assert process.stdout is not None
         deadline = time.monotonic() + self._startup_timeout
         remaining = self._startup_timeout
@@ -689,7 +692,7 @@ def _lower(headers: Message) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
 
 
-def _wait_quietly(process: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_quietly(process: subprocess.Popen[bytes] | forkserver.Forked, timeout: float) -> None:
     # A process that is still running after that is killed by stop().
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=timeout)
