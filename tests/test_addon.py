@@ -69,7 +69,7 @@ def test_the_add_on_wires_the_fleet_into_empty_settings() -> None:
     assert settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")["executable_path"].endswith("chromium")
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_a_second_project_with_only_addons_and_redis_url_crawls_with_two_nodes(
     fleet: Fleet, make_shop, mongo, tmp_path
 ) -> None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from project.ops.services import ServicesConfig
     from tests.fleet import Fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 ROUNDS = int(os.environ.get("CHAOS_ROUNDS", "1"))
 FIRST_SEED = int(os.environ.get("CHAOS_SEED", "1000"))

@@ -71,7 +71,7 @@ def _get(url: str, path: str, host: str | None) -> tuple[int, str]:
         conn.close()
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_dashboard_refuses_other_hosts_and_redacts_dead_letters_row_21(
     fleet, redis_client, keys
 ) -> None:

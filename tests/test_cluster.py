@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.benchmarks.dashboard_screenshot import (
 )
 from tests.test_monitor import metric, parse_prometheus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 

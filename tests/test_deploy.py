@@ -205,7 +205,7 @@ def test_commands_without_nodes_exit_2(monkeypatch: pytest.MonkeyPatch, capsys) 
 # --- real scrapyd nodes ----------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_deploy_builds_one_egg_for_every_node_and_leaves_the_tree_clean(scrapyds) -> None:
     a, b = scrapyds
     before = _tree_state()
@@ -231,7 +231,7 @@ def test_deploy_builds_one_egg_for_every_node_and_leaves_the_tree_clean(scrapyds
             "project/monitoring/static/index.html"} <= set(names)  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_scheduled_jobs_on_two_nodes_crawl_the_shop_together(
     scrapyds, redis_url, mongo_db, mongo, make_shop, keyspace, keys, tmp_path
 ) -> None:
@@ -286,6 +286,7 @@ def test_scheduled_jobs_on_two_nodes_crawl_the_shop_together(
         assert responses > 0, f"{server.url} crawled nothing"
 
 
+@pytest.mark.slow("three rounds of --every 6s")
 def test_schedule_every_seeds_and_crawls_again_never_two_at_once(
     scrapyds, redis_url, mongo_db, mongo, make_shop, keyspace, tmp_path
 ) -> None:
@@ -318,7 +319,7 @@ def test_schedule_every_seeds_and_crawls_again_never_two_at_once(
     assert mongo.products.count_documents({"gone_at": {"$exists": True}}) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 @pytest.mark.parametrize("command", [["nodes"], ["schedule", "products"], ["deploy"]])
 def test_wrong_credentials_and_unreachable_nodes_are_reported(scrapyds, command) -> None:
     a, _ = scrapyds
@@ -331,7 +332,7 @@ def test_wrong_credentials_and_unreachable_nodes_are_reported(scrapyds, command)
     assert "wrong-password" not in done.stdout + done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_an_unreachable_node_fails_the_command_but_not_the_others(scrapyds) -> None:
     a, b = scrapyds
     dead = f"http://127.0.0.1:{free_port()}"

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from tests.fleet import Fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 
 def _run_two_nodes(fleet: Fleet) -> None:

@@ -39,7 +39,7 @@ def test_the_fleet_template_is_listed_beside_scrapys_own() -> None:
     assert {"basic", "crawl", "csvfeed", "xmlfeed", "fleet"} <= set(listed)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_a_spider_made_by_genspider_crawls_with_two_nodes_as_it_is(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Path
 ) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tests.fleet import Fleet
     from tests.site.server import ShopServer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 #: Address space of a node without Chromium: VmPeak was 330-630 MiB on this crawl (Python,
 #: Scrapy, Twisted, the Redis and MongoDB clients, thread stacks and malloc arenas); the cap

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tests.netns import NetnsFleet, NetnsShop
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.crawl,
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("ip") is None,
         reason="network namespaces need root and iproute2",
@@ -132,6 +132,7 @@ def test_three_nodes_on_three_hosts_fetch_and_store_every_product_once(network: 
         assert fleet.stat(index, "downloader/response_count") > 0, f"node{index} did nothing"
 
 
+@pytest.mark.slow("a 30 s partition is what it proves")
 def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean(
     network: Network,
 ) -> None:
@@ -177,6 +178,7 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
     assert _total(fleet, "mongo/unchanged") + _total(fleet, "mongo/stale") == refetched
 
 
+@pytest.mark.slow("pymongo notices a cut at its next heartbeat (10 s): a 25 s crawl outlasts it")
 def test_a_node_cut_off_from_mongodb_journals_then_replays(network: Network) -> None:
     products = 300
     # 330 pages at 6 at a time, 450 ms each: about 25 s, outlasting the cut and its detection.

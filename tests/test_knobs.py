@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from tests.fleet import Fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 PROJECT = ROOT / "tests" / "own_project"
 
 

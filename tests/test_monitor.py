@@ -295,7 +295,7 @@ def _poll(reader: StatusReader, until, timeout: float) -> dict[str, Any]:
     return wait_for(ready, timeout, "the status", interval=0.1)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_status_matches_a_finished_two_node_crawl(fleet, make_shop, mongo, redis_client) -> None:
     # 200 ms a page: the crawl lasts several monitor intervals, and both nodes are up for it
     shop = make_shop(products=300, latency_ms=200)
@@ -335,7 +335,7 @@ def test_status_matches_a_finished_two_node_crawl(fleet, make_shop, mongo, redis
     assert samples[-1]["pages"] <= status["fleet"]["pages"]
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_killed_node_shows_dead_and_stopped_node_finished(fleet, make_shop) -> None:
     shop = make_shop(products=2000, latency_ms=100)
     _nodes(fleet, 2, FRONTIER_KEEP_ALIVE=True)

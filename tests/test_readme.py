@@ -49,7 +49,7 @@ def test_the_section_stays_short_and_shows_each_step() -> None:
         assert step in section
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_the_readme_spider_runs_on_two_nodes_as_written(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Path
 ) -> None:

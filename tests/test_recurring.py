@@ -48,8 +48,8 @@ def _sum(fleet: Fleet, nodes: list[int], key: str) -> int:
 
 @pytest.fixture
 def two_crawls(fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any]) -> dict[str, Any]:
-    """Two crawls of 300 products by two nodes each, the shop moved one epoch between them."""
-    shop = make_shop(300, epoch_price_share=0.1, epoch_stock_share=0.05,
+    """Two crawls of 150 products by two nodes each, the shop moved one epoch between them."""
+    shop = make_shop(150, epoch_price_share=0.1, epoch_stock_share=0.05,
                      epoch_added=0.02, epoch_removed=0.02)  # fmt: skip
     fleet.settings.update(REVISIT_ALL)
     first = _crawl(fleet, shop, nodes=2)
@@ -207,7 +207,7 @@ def test_a_keep_alive_fleet_revisits_on_its_own(
 
 
 #: Every URL of the crawl through the Bloom filter (a false "seen" has odds 1e-6 each).
-_BLOOM_PRODUCTS = 800
+_BLOOM_PRODUCTS = 400
 
 
 def test_a_bloom_mode_crawl_stores_every_product(

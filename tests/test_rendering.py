@@ -357,7 +357,7 @@ def _start(fleet: Fleet, **settings):
     return fleet.start_node(MONGO_JOURNAL_DIR=str(journal), **settings)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_two_nodes_store_javascript_products(fleet: Fleet, make_shop, mongo) -> None:
     shop = make_shop(products=150, js_share=0.2)
     catalogue = {p["id"]: p for p in shop.catalogue()["products"]}
@@ -387,7 +387,7 @@ def test_two_nodes_store_javascript_products(fleet: Fleet, make_shop, mongo) -> 
     assert _sum_stat(fleet, "playwright/request_count/aborted", (0, 1)) >= len(js_ids)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_fallback_renders_exactly_the_pages_without_product_markup(
     fleet: Fleet, make_shop, mongo
 ) -> None:
@@ -410,7 +410,7 @@ def test_fallback_renders_exactly_the_pages_without_product_markup(
     assert not set(expected["malformed"]) & {pid for pid, d in stored.items() if d["rendered"]}
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_node_that_never_renders_starts_no_browser(fleet: Fleet, make_shop, mongo) -> None:
     shop = make_shop(products=40, latency_ms=20)
     node = _start(fleet)
@@ -425,7 +425,7 @@ def test_node_that_never_renders_starts_no_browser(fleet: Fleet, make_shop, mong
     assert fleet.stat(0, "playwright/browser_count") == 0
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     shop = make_shop(products=5)
     never = {
@@ -457,7 +457,7 @@ def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     assert log.count("Closing page due to failed request") == 6
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_missing_chromium_node_exits_with_install_hint(fleet: Fleet, tmp_path) -> None:
     node = _start(fleet, PLAYWRIGHT_CHROMIUM_PATH=str(tmp_path / "chromium"))
     assert fleet.wait(60) == [1]
@@ -465,7 +465,8 @@ def test_missing_chromium_node_exits_with_install_hint(fleet: Fleet, tmp_path) -
     assert node.returncode == 1
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
+@pytest.mark.slow("a 7 s render outlives a 4 s lease, then its node is killed and it renders again")
 def test_render_survives_lease_expiry_and_node_kill(
     fleet: Fleet, make_shop, mongo, redis_client: redis.Redis
 ) -> None:

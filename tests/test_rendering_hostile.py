@@ -518,7 +518,7 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row18_a_non_root_node_renders_in_chromiums_sandbox() -> None:
     """As the shipped units run it: a user other than root, Chromium's renderers sandboxed."""
     argv = [sys.executable, "-c", _SANDBOX_PROBE]
@@ -614,7 +614,7 @@ def _products(shop, count: int) -> list[str]:
     return [shop.url(p["url"]) for p in shop.catalogue()["products"][:count]]
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row10_failed_renders_are_retried_then_dead_lettered(
     fleet: Fleet, bad_server: _BadServer, redis_client: redis.Redis
 ) -> None:
@@ -644,7 +644,7 @@ def test_row10_failed_renders_are_retried_then_dead_lettered(
     _assert_pages_closed(fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_d4_render_past_its_bound_is_closed_and_fails_as_a_timeout(
     fleet: Fleet, make_shop, bad_server: _BadServer, redis_client: redis.Redis, mongo
 ) -> None:
@@ -681,7 +681,7 @@ def test_d4_render_past_its_bound_is_closed_and_fails_as_a_timeout(
     _assert_pages_closed(fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row2_foreign_context_and_include_page_do_not_wedge_renders(
     fleet: Fleet, make_shop, redis_client: redis.Redis, mongo
 ) -> None:
@@ -709,7 +709,7 @@ def test_row2_foreign_context_and_include_page_do_not_wedge_renders(
     _assert_pages_closed(fleet)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row1_hostile_page_methods_in_seeds_are_dead_lettered(
     fleet: Fleet, make_shop, bad_server: _BadServer, redis_client: redis.Redis, mongo
 ) -> None:

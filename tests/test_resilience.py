@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from project.ops.services import ServicesConfig
     from tests.fleet import Fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 
 def _leased_listing(client: redis.Redis, fleet: Fleet) -> bool:
@@ -39,7 +39,7 @@ def _assert_every_product_once(shop, mongo, products: int) -> None:
 
 @pytest.mark.parametrize("moment", ["leased_listing", "mid_crawl", "late"])
 def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, moment) -> None:
-    products = 600
+    products = 300
     shop = make_shop(products=products, latency_ms=30)
     fleet.seed(shop.url("/"))
     victim = fleet.start_node()
@@ -62,14 +62,14 @@ def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, mome
 
 
 def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: ServicesConfig) -> None:
-    products = 800
+    products = 300
     shop = make_shop(products=products, latency_ms=20)
     fleet.seed(shop.url("/"))
     fleet.start_node()
     fleet.start_node()
     wait_for(_products_stored(mongo, products // 4), 60, "a quarter of the products")
     stop_service(services, "redis")
-    time.sleep(3)
+    time.sleep(3)  # the outage
     start_redis(services)
     assert fleet.wait(240) == [0, 0]
     _assert_every_product_once(shop, mongo, products)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 
 @pytest.fixture
@@ -50,6 +50,7 @@ def _master_port(group: SentinelInfo) -> int:
     return max(set(named), key=named.count) if named else 0
 
 
+@pytest.mark.slow("sentinels notice a dead master after a second and promote a replica mid-crawl")
 def test_a_killed_master_is_replaced_by_sentinels_and_the_nodes_follow(
     sentinel_group, services, mongo_db: str, tmp_path: Path, make_shop, mongo
 ) -> None:

@@ -70,7 +70,7 @@ def test_a_projects_own_limits_win_and_are_warned_about_with_numbers() -> None:
     assert unreachable(settings, FrontierConfig.from_settings(settings)) == []
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_two_nodes_keep_a_slow_site_at_its_cap_and_never_above(
     fleet: Fleet, make_shop, mongo
 ) -> None:
@@ -88,7 +88,7 @@ def test_two_nodes_keep_a_slow_site_at_its_cap_and_never_above(
         assert stats.get("frontier/politeness/node_limits", 0) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_a_node_limited_per_site_says_so_at_start(fleet: Fleet, make_shop) -> None:
     shop = make_shop(products=5)
     fleet.start_node(CONCURRENT_REQUESTS_PER_DOMAIN=2)

@@ -246,7 +246,7 @@ def two_crawls(
             client.drop_database(database)
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_malformed_pages_end_up_in_rejects(two_crawls: dict[str, Any], shop: ShopServer) -> None:
     catalogue = two_crawls["catalogue"]["products"]
     malformed = {p["id"]: p for p in catalogue if p["kind"] == "malformed"}
@@ -290,7 +290,7 @@ def test_malformed_pages_end_up_in_rejects(two_crawls: dict[str, Any], shop: Sho
     assert doc["first_seen"] <= doc["last_seen"]
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_recrawl_writes_no_duplicates_and_counts_unchanged(two_crawls: dict[str, Any]) -> None:
     first, second = two_crawls["stats1"], two_crawls["stats2"]
     before, after = two_crawls["products1"], two_crawls["products2"]
@@ -314,14 +314,15 @@ def test_recrawl_writes_no_duplicates_and_counts_unchanged(two_crawls: dict[str,
 # --- MongoDB away mid-crawl, a crawl killed -----------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
+@pytest.mark.slow("an 8 s MongoDB outage inside a crawl that outlives it")
 def test_mongodb_outage_mid_crawl_loses_and_duplicates_nothing(
     own_mongo: ServicesConfig, crawls: list[Crawl], tmp_path: Path
 ) -> None:
     start_mongo(own_mongo)
     database, journal = "outage", tmp_path / "journal"
-    # About 250 pages at 2 x 300 ms: the crawl outlives the 20 s outage by several seconds.
-    with ShopServer(products=150, latency_ms=300) as shop:
+    # About 130 pages at 2 x 300 ms: the crawl outlives the 8 s outage by several seconds.
+    with ShopServer(products=80, latency_ms=300) as shop:
         settings = crawl_settings(own_mongo.mongo_url, database, journal, CONCURRENT_REQUESTS=2)
         crawl = Crawl(tmp_path / "crawl", settings, shop.url("/"))
         crawls.append(crawl)
@@ -333,7 +334,7 @@ def test_mongodb_outage_mid_crawl_loses_and_duplicates_nothing(
                 0.2,
             )
         assert stop_service(own_mongo, "mongo")
-        time.sleep(20)
+        time.sleep(8)  # the outage
         assert crawl.process.poll() is None, (
             "the crawl ended during the outage: make the shop slower"
         )
@@ -361,7 +362,7 @@ def test_mongodb_outage_mid_crawl_loses_and_duplicates_nothing(
     assert "MongoDB back, replaying" in log
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_killed_crawl_journal_is_replayed_at_next_start(
     own_mongo: ServicesConfig, crawls: list[Crawl], tmp_path: Path
 ) -> None:

@@ -309,7 +309,7 @@ def test_row6_a_journal_write_failure_fails_the_item_loudly(
     assert journal_backlog(journal) == stored + 1
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row6_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
     tiny_disk: Path, tmp_path: Path
 ) -> None:
@@ -328,6 +328,8 @@ def test_row6_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
                 "project.monitoring.statsfile.StatsFile": 510,
                 "tests.test_storage_crawls.ItemErrorProbe": 0,
             },
+            # batches of two: the first few fit, however fast the crawl yields its items
+            MONGO_BATCH_SIZE=2,
         )
         stats = Crawl(tmp_path / "crawl", settings, shop.url("/")).wait(60)
     failed = stats["probe/item_error/ItemNotStoredError"]
@@ -340,7 +342,7 @@ def test_row6_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
     assert stats["item_scraped_count"] + dropped == stats["mongo/journaled"]
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row6_a_misspelt_mongo_setting_stops_the_crawl(tmp_path: Path) -> None:
     with ShopServer(products=5) as shop:
         settings = crawl_settings(
@@ -504,7 +506,7 @@ def test_row12_replay_never_overwrites_newer_content(
 # -- row 13: finished with a journal backlog --------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row13_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     with ShopServer(products=10) as shop:
@@ -587,7 +589,7 @@ def test_row6_a_journal_folder_that_cannot_be_written_stops_the_node(tmp_path: P
     asyncio.run(run())
 
 
-@pytest.mark.slow
+@pytest.mark.crawl
 def test_row6_a_journal_folder_that_cannot_be_written_stops_the_crawl(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")

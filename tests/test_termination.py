@@ -17,7 +17,7 @@ import pytest
 if TYPE_CHECKING:
     from tests.fleet import Fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.crawl
 
 
 def test_the_crawl_ends_as_soon_as_its_last_page_is_stored(fleet: Fleet, make_shop, mongo) -> None:
