@@ -268,6 +268,28 @@ def test_permits_of_a_node_that_stopped_stepping_go_back(
     assert redis_client.zscore(keys.holders, "node-a") is None
 
 
+def test_a_node_whose_permits_went_back_while_it_stalled_is_told_and_holds_none(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await b.step(StepBatch(enqueue=[entry(n) for n in range(6)]))
+        first = await a.step(StepBatch(want=2))
+        assert first.rejoined  # its first step: it held nothing before
+        assert len(first.leased) == 2
+        assert not (await a.step(StepBatch())).rejoined
+        redis_client.zadd(keys.holders, {"node-a": 1})  # it stalled past its deadline
+        await b.step(StepBatch(maintain=True))
+        assert len((await b.step(StepBatch(want=2))).leased) == 2  # b has the cap now
+        # back, a names the 2 permits it thinks it holds: it holds none, and gets none
+        back = await a.step(StepBatch(want=2, ahead=[("s", 0, 2, 2, 0)]))
+        assert back.rejoined
+        assert (back.leased, back.permits) == ([], [])
+        assert redis_client.hget(keys.active, "s") == b"2"
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=2))
+    assert redis_client.hgetall(keys.permits_of("node-a")) == {}
+
+
 def test_release_gives_back_leases_and_permits(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:

@@ -3,6 +3,8 @@ silently keeps a site below it (issue 14)."""
 
 from __future__ import annotations
 
+import signal
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -11,6 +13,7 @@ from scrapy.settings import Settings
 from project.addon import FleetAddon
 from project.frontier.config import FrontierConfig
 from project.frontier.politeness import derive, unreachable
+from tests.fleet import wait_for
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -98,3 +101,28 @@ def test_a_node_limited_per_site_says_so_at_start(fleet: Fleet, make_shop) -> No
     assert "Site cap unreachable: CONCURRENT_REQUESTS_PER_DOMAIN=2 lets this node" in log
     assert "16 such nodes reach FLEET_SITE_CONCURRENCY=32" in log
     assert fleet.stat(0, "frontier/politeness/node_limits") == 1
+
+
+@pytest.mark.crawl
+def test_a_node_stopped_past_its_lease_never_takes_the_site_above_its_cap(
+    fleet: Fleet, make_shop, mongo
+) -> None:
+    """A stalled node's permits go to the fleet after its lease; back, it learns that before
+    it starts another download with them (SIGSTOP stands for a GC pause, a full disk)."""
+    shop = make_shop(products=150, latency_ms=150)
+    for _ in range(2):
+        fleet.start_node(FLEET_SITE_CONCURRENCY=6)
+    fleet.seed(shop.url("/"))
+    wait_for(lambda: mongo.products.estimated_document_count() >= 20, 60, "20 products")
+    stopped = fleet.procs[0]
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        # past FRONTIER_LEASE_SECONDS (6 s in tests): its leases and permits go to node1
+        wait_for(lambda: "expired leases of dead or stalled" in fleet.log(1), 30, "a reap", 0.2)
+        time.sleep(1.0)  # node1 downloads with the permits it took over
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    assert fleet.wait(180) == [0, 0]
+    assert mongo.products.count_documents({}) == 150
+    assert _open_at_once(shop.timeline()) <= 6
+    assert fleet.stat(0, "frontier/permits/reclaimed") > 0

@@ -155,6 +155,7 @@ class FrontierLoop:
         self._seen_work = False  # this node saw the fleet's crawl with work left, or did some
         self._started_at = time.monotonic()
         self._last_step = 0.0
+        self._held_back = False  # pop() refused to dispatch while no step confirmed the permits
         self._walk_open = True  # the last round trip's walk used every slot it asked for
         self._closing = False
         self._closed = asyncio.Event()  # set by stop(): sleeps of the I/O task end
@@ -178,6 +179,11 @@ class FrontierLoop:
     def pop(self) -> Request | None:
         """The best leased request whose site has a free download permit, now dispatched."""
         self._wakeup.set()
+        if time.monotonic() - self._last_step > self.config.lease_seconds / 2:
+            # No round trip for half a lease (a stall, a partition): the fleet may have taken
+            # this node's permits back; it starts nothing before its next step says.
+            self._held_back = bool(self._heap)
+            return None
         while self._heap:
             entry = heapq.heappop(self._heap)
             *_, request, lease = entry
@@ -629,6 +635,8 @@ class FrontierLoop:
                     result.reaped,
                     extra={"spider": self.spider},
                 )
+        if result.rejoined and self._permits:
+            self._permits_reclaimed()
         for site, n in [*batch.give_back, *result.spare_back]:
             self._permits[site] -= n
             if self._permits[site] <= 0:
@@ -664,9 +672,24 @@ class FrontierLoop:
         self._accept_seeds(result.seeds, batch.seed_want, result.seeds_kind)
         moved = bool(batch.enqueue or result.leased or result.seeds or batch.acks)
         self._check_finished(moved, result.counts if batch.maintain or batch.count else None)
-        if result.leased or result.seeds or self.finished:
+        if result.leased or result.seeds or self.finished or self._held_back:
+            self._held_back = False
             wake_engine(self.crawler)
         return moved
+
+    def _permits_reclaimed(self) -> None:
+        """The fleet gave this node's permits back while it did not step (a stall past its
+        lease): it holds none of them; downloads it started before count for no permit."""
+        lost = sum(self._permits.values())
+        self._count("frontier/permits/reclaimed", lost)
+        logger.warning(
+            "No round trip for more than the lease time (%.0fs): the fleet took back this"
+            " node's %d download permits; it asks for permits again before it downloads more",
+            self.config.lease_seconds,
+            lost,
+            extra={"spider": self.spider},
+        )
+        self._permits.clear()
 
     def _log_duplicates(self, payloads: list[bytes]) -> None:
         """Scrapy's dupefilter lines: the first duplicate, or every one with DUPEFILTER_DEBUG."""

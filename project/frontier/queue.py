@@ -107,6 +107,9 @@ class StepResult:
     revisits: tuple[int, int] = (0, 0)
     #: Records of URLs rediscovered before their revisit is due: their items are still there.
     still_linked: list[bytes] = field(default_factory=list)
+    #: This node was no permit holder when the step began (its first step, or it stalled
+    #: past its deadline and maintenance gave every permit it held back to the fleet).
+    rejoined: bool = False
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -266,6 +269,7 @@ class LeasedQueue(Base):  # type: ignore[misc]
             ],
             revisits=(int(reply[16][0]), int(reply[16][1])),
             still_linked=list(reply[17]),
+            rejoined=bool(reply[18]),
         )
 
     async def claim_start(self, *, new_crawl: bool) -> str:

@@ -67,7 +67,9 @@
            share of its cap (0: no cap) and its spare permits that went back
            {site, share, back, ...}},
            revisits queued: {rediscovered and due, handed out by maintenance},
-           {record, ...} of URLs rediscovered before their revisit is due
+           {record, ...} of URLs rediscovered before their revisit is due,
+           1 if this node was no permit holder any more (its first step, or it stalled past
+           its deadline and its permits went back to the fleet), else 0
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -117,7 +119,7 @@ if opt.maintain then
     if opt.revisit then handed_out = revisits_due(now, opt.revisit) end
 end
 local first, woke = wake(now)
-local leased, permits, parked, shares = lease(at, n.ahead, opt, now, deadline, limits)
+local leased, permits, parked, shares, rejoined = lease(at, n.ahead, opt, now, deadline, limits)
 local seeds, seeds_kind = take_seeds(opt.seed_want, deadline, opt.node)
 local start_held = start_claim(opt.start, opt.node, opt.lease_ms)
 
@@ -134,4 +136,5 @@ end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}, still}
+        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}, still,
+        rejoined and 1 or 0}

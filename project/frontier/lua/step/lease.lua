@@ -21,8 +21,10 @@
   Options used: node, want (requests in all), slots (permits), limits (rate, concurrency,
                 burst_seconds, adaptive, start_rate)
   Returns: leased {site, payload, score, ...}, permits granted {site, n, ...}, whether the
-           throttled set changed, and for each site of the ahead section this node's share
-           of its cap and the spare permits that went back {site, share, back, ...}
+           throttled set changed, for each site of the ahead section this node's share
+           of its cap and the spare permits that went back {site, share, back, ...}, and
+           whether this node was no holder any more: its deadline passed (it stalled) and
+           maintenance gave its permits back, so it holds none of those it names
 ]]
 local MAX_SITES_PER_LEASE = 32  -- sites looked at per step, so one step stays short
 local AHEAD_WIDTH = 5
@@ -108,6 +110,7 @@ local function lease_ahead(at, count, out, limits)
         local n = math.min(tonumber(ARGV[i + 1]), out.want)
         local wanted = math.min(tonumber(ARGV[i + 2]), out.slots)
         local held, spare = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+        if out.rejoined then held, spare = 0, 0 end
         local rate, conc = site_limits(site, limits)
         local share = 0
         if conc > 0 then share = share_of(conc, out) end
@@ -151,8 +154,9 @@ local function lease(at, n_ahead, opt, now, deadline, limits)
                  prefix = opt.node .. '\nR', holder = holder_key(opt.node),
                  throttled_changed = false, held = {}, shares = {}, nodes = nil,
                  node = opt.node}
-    -- this node steps: it counts in every site's share until its deadline
-    redis.call('ZADD', K.holders, 'GT', deadline, opt.node)
+    -- this node steps: it counts in every site's share until its deadline (1: it was no
+    -- holder, its first step or its permits reclaimed)
+    out.rejoined = redis.call('ZADD', K.holders, 'GT', deadline, opt.node) == 1
     lease_ahead(at, n_ahead, out, limits)
     local scanned, skip = 0, 0
     while out.slots > 0 and out.want > 0 and scanned < MAX_SITES_PER_LEASE do
@@ -213,5 +217,5 @@ local function lease(at, n_ahead, opt, now, deadline, limits)
         redis.call('DECRBY', K.queued, out.taken)
         chunked('ZADD', K.recent, out.recent, 2)
     end
-    return out.leased, out.permits, out.throttled_changed, out.shares
+    return out.leased, out.permits, out.throttled_changed, out.shares, out.rejoined
 end
