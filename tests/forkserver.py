@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -86,13 +91,14 @@ _WARM = (
 class Forked:
     """A process the fork server started: the part of ``subprocess.Popen`` the suite uses."""
 
-    def __init__(self, pid: int, status: socket.socket, args: list[str]) -> None:
+    def __init__(self, pid: int, status: socket.socket, args: list[str], early: bytes) -> None:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
         self._status = status
+        self._early = early  # the exit status, if it came with the pid (a child that ended)
 
     def poll(self) -> int | None:
         return self._collect(0.0)
@@ -106,17 +112,21 @@ class Forked:
     def _collect(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        ready, _, _ = select.select([self._status], [], [], timeout)
-        if not ready:
-            return None
-        reply = self._status.recv(64)
+        if not self._early:
+            ready, _, _ = select.select([self._status], [], [], timeout)
+            if not ready:
+                return None
+        reply = self._early
+        while chunk := self._status.recv(64):
+            reply += chunk
         self._status.close()
-        # no reply: the server went away; the child is gone with it (see _serve)
+        # no reply: the server went away, and its children with it (_die_with_server)
         self.returncode = int(reply) if reply else -signal.SIGKILL
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        # the server reaps at once: a pid whose exit is known may be another process's now
+        if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
@@ -134,13 +144,17 @@ class Forked:
 class _Server:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.log = path.with_suffix(".log")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.forkserver", str(path)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.forkserver", str(path)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
         deadline = time.monotonic() + 60
         while not path.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -149,19 +163,21 @@ class _Server:
 
     def spawn(
         self, module: str, args: Sequence[str], cwd: Path, env: Mapping[str, str], fds: list[int]
-    ) -> tuple[int, socket.socket]:
+    ) -> tuple[int, socket.socket, bytes]:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(str(self.path))
         request = {"module": module, "args": list(args), "cwd": str(cwd), "env": dict(env)}
         data = json.dumps(request).encode() + b"\n"
         socket.send_fds(conn, [data], fds)
-        pid = b""
-        while not pid.endswith(b"\n"):
+        reply = b""
+        while b"\n" not in reply:
             chunk = conn.recv(32)
             if not chunk:
-                raise RuntimeError("the fork server refused to start a process")
-            pid += chunk
-        return int(pid), conn
+                conn.close()
+                raise RuntimeError(f"the fork server did not start {module} (see {self.log})")
+            reply += chunk
+        pid, _, early = reply.partition(b"\n")
+        return int(pid), conn, early
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -236,12 +252,17 @@ def spawn(
     opened.append(opened[1] if stderr == subprocess.STDOUT else _fd(stderr, 2))
     fds = [fd for fd, _ in opened]
     try:
-        pid, status = server.spawn(module, args, cwd, env, fds)
+        pid, status, early = server.spawn(module, args, cwd, env, fds)
+    except BaseException:
+        for _, pipe in opened:
+            if pipe is not None:
+                pipe.close()
+        raise
     finally:
         for (fd, _), stream in zip(opened, (stdin, stdout, stderr), strict=True):
             if stream in (subprocess.DEVNULL, subprocess.PIPE):
                 os.close(fd)  # the child's end, or /dev/null: the child has its own copy
-    proc = Forked(pid, status, [sys.executable, "-m", module, *args])
+    proc = Forked(pid, status, [sys.executable, "-m", module, *args], early)
     proc.stdout = opened[1][1]
     proc.stderr = None if stderr == subprocess.STDOUT else opened[2][1]
     return proc
@@ -250,14 +271,29 @@ def spawn(
 # -- the server --------------------------------------------------------------------------
 
 
-def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> None:
+_SIGNALS = {signal.SIGCHLD, signal.SIGTERM}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_server() -> None:
+    """A child the server leaves behind (it was killed) is killed with it (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child(request: dict[str, Any], fds: list[int], closing: list[int], server: int) -> None:
     """In the forked child: become ``python -m module args``; never returns."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
+        for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        _die_with_server()
+        if os.getppid() != server:
+            os._exit(1)  # the server died before prctl: nobody would reap this child
         for fd in closing:
             os.close(fd)
         for target, fd in enumerate(fds):
@@ -272,8 +308,10 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> None:
         sys.path[:] = [request["cwd"], *extra, *_BASE_PATH]
         sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
         sys.argv = [request["module"], *request["args"]]
+        importlib.invalidate_caches()
         for name in ("stdout", "stderr"):
-            # like a fresh interpreter's: line-buffered text on the descriptor it was given
+            # line-buffered text on the descriptor it was given (a fresh interpreter buffers
+            # a file by blocks unless PYTHONUNBUFFERED: a killed child's log is more complete)
             stream = open(  # noqa: SIM115 (the child's own standard stream)
                 1 if name == "stdout" else 2,
                 "w",
@@ -284,26 +322,39 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> None:
             setattr(sys, name, stream)
             setattr(sys, f"__{name}__", stream)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        import runpy
-
-        try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if not isinstance(exc.code, int | None):
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 (as the interpreter does: print, exit 1)
-            import traceback
-
+        code = _run(request["module"])
+    except BaseException:  # noqa: BLE001 (the set-up failed: say why, exit 1)
+        with contextlib.suppress(Exception):
             traceback.print_exc()
-            code = 1
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
     finally:
         os._exit(code)
+
+
+def _run(module: str) -> int:
+    """Run *module* as ``__main__`` and end as the interpreter would; the exit status."""
+    interrupted = False
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code, interrupted = 1, True
+    except BaseException:  # noqa: BLE001 (as the interpreter does: print, exit 1)
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as at exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # an uncaught KeyboardInterrupt ends the interpreter by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
 
 
 _BASE_PATH: list[str] = []
@@ -329,45 +380,63 @@ def _serve(path: Path) -> None:
     stopping: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     children: dict[int, tuple[socket.socket, str]] = {}
+    owner = os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()
-    while not stopping:
-        with contextlib.suppress(InterruptedError):
-            ready, _, _ = select.select([listener, wake_read], [], [], 1.0)
-        if wake_read in ready:
-            with contextlib.suppress(BlockingIOError):
-                wake_read.recv(4096)
-        _reap(children)
-        if listener not in ready:
-            continue
-        conn, _ = listener.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    try:
+        while not stopping and os.getppid() == owner:  # its test process died: so does it
+            with contextlib.suppress(InterruptedError):
+                ready, _, _ = select.select([listener, wake_read], [], [], 1.0)
+            if wake_read in ready:
+                with contextlib.suppress(BlockingIOError):
+                    wake_read.recv(4096)
+            _reap(children)
+            if listener in ready:
+                conn, _ = listener.accept()
+                closing = [listener.fileno(), wake_read.fileno(), wake_write.fileno()]
+                try:
+                    _start(conn, children, closing)
+                except Exception:  # noqa: BLE001 (one request that fails costs only itself)
+                    traceback.print_exc()
+                    conn.close()
+    finally:
+        for pid in children:  # the session ends: nothing it started outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while children and time.monotonic() < deadline:
+            _reap(children)
+            time.sleep(0.01)
+        path.unlink(missing_ok=True)
+
+
+def _start(
+    conn: socket.socket, children: dict[int, tuple[socket.socket, str]], closing: list[int]
+) -> None:
+    """Read one request from *conn*, fork its child, reply with its pid."""
+    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    try:
         while not message.endswith(b"\n"):
             more = conn.recv(1 << 20)
             if not more:
-                break
+                raise ValueError("the request was cut short")
             message += more
         request = json.loads(message)
-        closing = [listener.fileno(), wake_read.fileno(), wake_write.fileno(), conn.fileno()]
-        closing += [c.fileno() for c, _ in children.values()]
-        pid = os.fork()
-        if pid == 0:
-            _child(request, fds, closing)
+        closing = [*closing, conn.fileno(), *(c.fileno() for c, _ in children.values())]
+        server = os.getpid()
+        # a signal between fork and the child's own handlers would run the server's
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _child(request, fds, closing, server)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    finally:
         for fd in fds:
             os.close(fd)
-        conn.sendall(b"%d\n" % pid)
-        children[pid] = (
-            conn,
-            f"{request['env'].get('PYTEST_CURRENT_TEST', '')} {request['module']}",
-        )
-    for pid in children:  # the session ends: nothing it started outlives it
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while children and time.monotonic() < deadline:
-        _reap(children)
-        time.sleep(0.01)
-    path.unlink(missing_ok=True)
+    children[pid] = (conn, f"{request['env'].get('PYTEST_CURRENT_TEST', '')} {request['module']}")
+    conn.sendall(b"%d\n" % pid)
 
 
 def _reap(children: dict[int, tuple[socket.socket, str]]) -> None:

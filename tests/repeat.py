@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The README's crawl, own spiders, termination, politeness and permits, knobs.
+#: The README's crawl, own spiders, termination, politeness and permits, knobs, two-node
+#: crawls, kills and restarts.
 FILES = (
     "tests/test_readme.py",
     "tests/test_own_spiders.py",
@@ -27,6 +28,8 @@ FILES = (
     "tests/test_politeness.py",
     "tests/test_site_cap.py",
     "tests/test_knobs.py",
+    "tests/test_fleet_crawl.py",
+    "tests/test_resilience.py",
 )
 
 

@@ -82,10 +82,11 @@ def test_enqueue_filters_duplicates_in_and_across_batches(
     assert int(redis_client.get(keys.queued)) == 5
 
 
-async def _join(client: redis.asyncio.Redis, keys: FrontierKeys, run: str) -> None:
-    """A node joins the crawl run *run* (lua/run_join.lua), as the run tracker does."""
+async def _join(queue: LeasedQueue, run: str) -> None:
+    """The queue's node joins the crawl run *run* (lua/run_join.lua), as the run tracker does."""
     script = lua.load("run_join")
-    await client.eval(script.source, len(script.keys), *script.keys_from(keys), "n", run, "0")
+    keys = script.keys_from(queue.keys)
+    await queue.server.eval(script.source, len(keys), *keys, queue.node_id, run, "0")
 
 
 async def _end_run(queue: LeasedQueue, run: str) -> None:
@@ -94,7 +95,7 @@ async def _end_run(queue: LeasedQueue, run: str) -> None:
     await queue.step(StepBatch(acks=[queue.request_member(e.site, e.payload) for e in leased]))
     script = lua.load("run_leave")
     keys = script.keys_from(queue.keys)
-    reply = await queue.server.eval(script.source, len(keys), *keys, "n", run, "{}")
+    reply = await queue.server.eval(script.source, len(keys), *keys, queue.node_id, run, "{}")
     assert reply[0] == b"final"
 
 
@@ -107,10 +108,11 @@ def test_a_seed_is_queued_once_in_a_run_whose_seen_set_began_empty(
 
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
         a.runs = b.runs = True
-        # the seed goes first, before any node joined the run: it says the run is fresh
+        # before any node joined: once in a batch, and the run that begins is fresh
         first = await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(1, mode=b"s")]))
         assert (first.added, first.duplicates) == (1, 1)
-        await _join(a.server, a.keys, "run-1")
+        await _join(a, "run-1")
+        assert redis_client.hget(keys.runs, "fresh") == b"1"
         # a page of the crawl links a URL, and start() yields it later
         await b.step(StepBatch(enqueue=[entry(2)]))
         late = await a.step(StepBatch(enqueue=[entry(2, mode=b"s"), entry(1, mode=b"s")]))
@@ -120,7 +122,6 @@ def test_a_seed_is_queued_once_in_a_run_whose_seen_set_began_empty(
         assert (again.added, again.duplicates) == (1, 0)
 
     run(redis_url, keys, scenario)
-    assert redis_client.hget(keys.runs, "fresh") == b"1"
     assert redis_client.zcard(keys.site_queue("s")) == 3
 
 
@@ -129,22 +130,49 @@ def test_a_seed_is_queued_once_in_each_run_of_a_persisted_seen_set(
 ) -> None:
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
         a.runs = b.runs = True
-        await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(2)]))
-        await _join(a.server, a.keys, "run-1")
+        await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(2), entry(3)]))
+        await _join(a, "run-1")
         await _end_run(a, "run-1")
         # the next run: the seen-set holds yesterday's URLs, the seed goes again, once
-        await _join(a.server, a.keys, "run-2")
+        await _join(a, "run-2")
+        await _join(b, "run-2")
+        assert redis_client.hget(keys.runs, "fresh") == b"0"
         second = await a.step(StepBatch(enqueue=[entry(1, mode=b"s")]))
         assert (second.added, second.duplicates) == (1, 0)
-        assert redis_client.hget(keys.runs, "fresh") == b"0"
         twice = await b.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(2, mode=b"s")]))
         assert (twice.added, twice.duplicates) == (1, 1)
         again = await b.step(StepBatch(enqueue=[entry(2, mode=b"s"), entry(2)]))
         assert (again.added, again.duplicates) == (0, 2)
+        # a link to a URL of yesterday's crawl is dropped; its seed in the same batch goes
+        linked = await a.step(StepBatch(enqueue=[entry(3), entry(3, mode=b"s", tag=1)]))
+        assert (linked.added, linked.duplicates) == (1, 1)
 
     run(redis_url, keys, scenario)
-    assert redis_client.zcard(keys.site_queue("s")) == 2
-    assert redis_client.smembers(keys.runs + ":seeds") == {b"fp1", b"fp2"}
+    assert redis_client.zcard(keys.site_queue("s")) == 3
+    assert redis_client.smembers(keys.runs + ":seeds") == {b"fp1", b"fp2", b"fp3"}
+
+
+def test_a_run_whose_nodes_all_died_after_its_work_ends_when_the_next_crawl_joins(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """Killed before they could leave, its nodes never end it; the next crawl's seeds are
+    not that run's duplicates."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        a.runs = b.runs = True
+        await _join(a, "run-1")
+        await a.step(StepBatch(enqueue=[entry(1, mode=b"s")]))
+        leased = (await a.step(StepBatch(want=10))).leased
+        await a.step(StepBatch(acks=[a.request_member(e.site, e.payload) for e in leased]))
+        # node-a is killed: its presence expired long ago; node-b alive, starting tomorrow
+        redis_client.zadd(keys.alive, {"node-a": 1, "node-b": 2**40})
+        await _join(b, "run-2")
+        assert redis_client.hget(keys.runs, "id") == b"run-2"
+        tomorrow = await b.step(StepBatch(enqueue=[entry(1, mode=b"s")]))
+        assert (tomorrow.added, tomorrow.duplicates) == (1, 0)
+
+    run(redis_url, keys, scenario)
+    assert redis_client.smembers(keys.runs + ":members") == {b"node-b"}
 
 
 def test_without_crawl_runs_a_seed_is_queued_each_time_it_is_pushed(
@@ -153,8 +181,9 @@ def test_without_crawl_runs_a_seed_is_queued_each_time_it_is_pushed(
     """RUNS_ENABLED off: no run says when a seed may go again, so it goes as pushed."""
 
     async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
-        result = await a.step(StepBatch(enqueue=[entry(1, mode=b"s"), entry(1, mode=b"s")]))
-        assert (result.added, result.duplicates) == (2, 0)
+        for _ in range(2):
+            result = await a.step(StepBatch(enqueue=[entry(1, mode=b"s")]))
+            assert (result.added, result.duplicates) == (1, 0)
 
     run(redis_url, keys, scenario)
     assert not redis_client.exists(keys.runs, keys.runs + ":seeds")

@@ -49,6 +49,7 @@ def test_kill_9_loses_nothing(fleet: Fleet, make_shop, mongo, redis_client, mome
         wait_for(_products_stored(mongo, products // 3), 60, "a third of the products")
     else:
         wait_for(_products_stored(mongo, products * 9 // 10), 90, "most products")
+    assert victim.poll() is None, "the crawl ended before the kill: make it larger"
     victim.kill()
     victim.wait(10)
     held = redis_client.zcard(fleet.keys.inflight)
@@ -69,6 +70,7 @@ def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: Servi
     fleet.start_node()
     wait_for(_products_stored(mongo, products // 4), 60, "a quarter of the products")
     stop_service(services, "redis")
+    assert mongo.products.count_documents({}) < products, "done before the restart: make it larger"
     time.sleep(3)  # the outage
     start_redis(services)
     assert fleet.wait(240) == [0, 0]

@@ -596,8 +596,9 @@ class FrontierLoop:
             batch.start = "done"
         elif self._start == "run" and now - self._last_heartbeat >= self.config.heartbeat_seconds:
             batch.start = "run"
+        sent_at = time.monotonic()  # the holder deadline the step sets counts from about here
         result = await self.queue.step(batch)
-        self._last_step = now
+        self._last_step = sent_at
         self.stats.inc_value("frontier/round_trips")
         if batch.latency:
             self._latency = {}
@@ -647,7 +648,7 @@ class FrontierLoop:
         for site, n in result.permits:
             self._permits[site] += n
             self._unblock(site)
-        for site in [s for s, n in self._ready.items() if n <= 0 and not self._permits[s]]:
+        for site in [s for s, n in self._ready.items() if n <= 0 and not self._holds(s)]:
             # a site this node is done with: forget it (a crawl may see thousands)
             del self._ready[site]
             self._busy.pop(site, None)
@@ -676,6 +677,10 @@ class FrontierLoop:
             self._held_back = False
             wake_engine(self.crawler)
         return moved
+
+    def _holds(self, site: str) -> bool:
+        """Permits of *site*, or downloads of it (reclaimed permits leave those running)."""
+        return bool(self._permits[site] or self._busy[site])
 
     def _permits_reclaimed(self) -> None:
         """The fleet gave this node's permits back while it did not step (a stall past its

@@ -13,7 +13,8 @@
                          scores it); then it goes again with its last fetch's record
                          (step/revisit.lua), and is due again one interval later;
                          's' + fingerprint: a seed or a request of start() (the fleet's
-                         dont_filter): queued once per crawl run (options.runs), else as 'm'
+                         dont_filter): queued once per crawl run (options.runs), else
+                         once per batch
     site                 the politeness unit the request counts against
     priority             Scrapy's request priority (clamped to +-PRIORITY_LIMIT)
     payload              the request as JSON (project/frontier/wire.py)
@@ -28,11 +29,13 @@
                                      came from is allowed; then its own site joins
   Options: list_dupes (true): also return the batch positions (0-based) of the duplicates,
   for DUPEFILTER_DEBUG's log lines; seen: the seen-set's form (lib/seen.lua); runs (true):
-  the fleet keeps crawl runs (lua/run_join.lua). Then the first batch of a run says whether
-  the seen-set was empty as the run began ('fresh' in `runs`): if it was, a seen seed was
-  seen in this run and is a duplicate; if not, a seed is a duplicate when it is in
-  "<runs>:seeds" (the seeds queued in this run, deleted with the run) or its revisit record
-  names this run (step/revisit.lua).
+  the fleet keeps crawl runs (lua/run_join.lua), and a seed of a node in the current run is
+  queued once in it (before the node joined, once per batch). If the seen-set was empty as the run began
+  ('fresh' in `runs`), a seen seed was seen in this run and is a duplicate; if not, a seed
+  is a duplicate when it is in
+  "<runs>:seeds" (the seeds queued in this run, deleted with the run) or was queued earlier
+  in the batch. (There, a URL first found in this run by a link, in an earlier step than its
+  seed, is queued once more by the seed: the seen-set cannot say when it saw a URL.)
   Returns: added, duplicates, offsite (dropped for their scope), {duplicate position, ...},
            revisits (seen URLs queued again because they were due), {record, ...} of URLs
            rediscovered before their revisit is due (step/revisit.lua)
@@ -82,24 +85,26 @@ local function in_scope(count, at)
     return keep
 end
 
--- The crawl run seeds are queued once in ({id, fresh}), read before the batch marks
--- anything; nil when the fleet keeps no runs
+-- The crawl run this node's seeds are queued once in ({fresh}), read before the batch
+-- marks anything: nil when the fleet keeps no runs or the node has not joined the current
+-- one (it may be a run nobody will end). Before any run, the first marks of an empty
+-- seen-set are remembered: the run that begins next is fresh (lua/run_join.lua)
 local function seeds_run(opt)
     if not opt.runs then return nil end
-    local state = redis.call('HMGET', K.runs, 'id', 'fresh')
-    if not state[2] then
-        state[2] = seen_empty() and '1' or '0'
-        redis.call('HSET', K.runs, 'fresh', state[2])
+    local state = redis.call('HMGET', K.runs, 'id', 'fresh', 'seen_began')
+    if state[1] and redis.call('SISMEMBER', K.runs .. ':members', opt.node) == 1 then
+        return {fresh = state[2] == '1'}
     end
-    return {id = state[1] or '', fresh = state[2] == '1'}
+    if not state[1] and not state[3] and seen_empty() then
+        redis.call('HSET', K.runs, 'seen_began', 1)
+    end
+    return nil
 end
 
--- Whether a seed was queued in this run already (a run whose seen-set was not fresh); it
--- is one of the run's seeds from now on
-local function seed_queued(fp, run)
-    if redis.call('SADD', K.runs .. ':seeds', fp) == 0 then return true end
-    local parts = run.id ~= '' and split_revisit(redis.call('HGET', K.revisit, fp) or '')
-    return parts and parts[2] == run.id or false
+-- Whether a seed was queued as a seed in this run already (a run whose seen-set was not
+-- fresh); it is one of the run's seeds from now on
+local function seed_queued(fp)
+    return redis.call('SADD', K.runs .. ':seeds', fp) == 0
 end
 
 local function enqueue(at, count, opt, now)
@@ -109,7 +114,7 @@ local function enqueue(at, count, opt, now)
     for j, e in ipairs(keep) do fps[j] = string.sub(ARGV[at + e * ENQUEUE_WIDTH], 2) end
     local run = seeds_run(opt)
     local flags = seen_mark(fps, opt.seen)
-    local fresh, listed, in_batch, still = {}, {}, {}, {}
+    local fresh, listed, in_batch, pushed, still = {}, {}, {}, {}, {}
     local dupes, revisits = 0, 0
     for j, e in ipairs(keep) do
         local i = at + e * ENQUEUE_WIDTH
@@ -122,14 +127,18 @@ local function enqueue(at, count, opt, now)
             if payload then revisits = revisits + 1; seen = false end
             if record and #still < MAX_STILL then still[#still + 1] = record end
         end
-        if mode == 's' and run and not run.fresh then
-            seen = in_batch[fps[j]] or seed_queued(fps[j], run)
+        if mode == 's' and not run then
+            seen = pushed[fps[j]] == true -- no run to go by: once in a batch
+        elseif mode == 's' and not run.fresh then
+            -- seen before this step says nothing about this run: queued in it is what counts
+            seen = seed_queued(fps[j]) or pushed[fps[j]] == true
         end
         in_batch[fps[j]] = true
-        if seen and mode ~= 'm' and (mode ~= 's' or run) then
+        if seen and mode ~= 'm' then
             dupes = dupes + 1
             if opt.list_dupes then listed[#listed + 1] = e end
         else
+            pushed[fps[j]] = true
             fresh[#fresh + 1] = {ARGV[i + 1], clamp_priority(tonumber(ARGV[i + 2]) or 0), payload or ARGV[i + 3]}
         end
     end
