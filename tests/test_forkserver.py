@@ -18,12 +18,12 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 _PROBE = """\
-import json, os, sys
+import json, os, sys, time
 print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0],
                   "env": os.environ.get("PROBE"), "pid": os.getpid(), "ppid": os.getppid()}))
 sys.stdout.flush()
 if sys.argv[1:] == ["wait"]:
-    sys.stdin.read()
+    time.sleep(60)
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
 

@@ -55,7 +55,6 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
 def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_shop) -> None:
     limit = 20
     shop = make_shop(products=300, latency_ms=20)
-    fleet.seed(shop.url("/"))
     for _ in range(3):
         fleet.start_node(
             FLEET_SITE_RATE=0,
@@ -63,6 +62,9 @@ def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_s
             RANDOMIZE_DOWNLOAD_DELAY=False,
             CONCURRENT_REQUESTS_PER_DOMAIN=1,
         )
+    # the three crawl from the first second: one that starts late is not one process fewer
+    fleet.wait_ready()
+    fleet.seed(shop.url("/"))
     assert fleet.wait(120) == [0, 0, 0]
     rates = _steady_rates(shop)
     print(f"server-side requests/s with per-process delays of 1/{limit} s: {rates}")
