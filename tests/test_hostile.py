@@ -124,6 +124,7 @@ def test_redis_logs_http_requests_as_attacks(
     assert redis_client.ping()
 
 
+@pytest.mark.slow("a page that never ends is cut at its 6 s lease age, and once more on retry")
 def test_hostile_shop_costs_only_itself(
     fleet: Fleet,
     make_shop: Callable[..., ShopServer],
