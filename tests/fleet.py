@@ -33,6 +33,10 @@ FAST_SETTINGS: dict[str, Any] = {
     "LOG_LEVEL": "INFO",
 }
 
+#: For nodes started before their seed (:meth:`Fleet.wait_ready`, then seed): one that finds
+#: no crawl waits this long, so none gives up while the others are still starting.
+WAIT_FOR_SEED: dict[str, Any] = {"FRONTIER_IDLE_GRACE": 60.0}
+
 
 @dataclass(frozen=True)
 class KeySpace:

@@ -18,7 +18,7 @@ from project.frontier.connection import RedisTarget
 from project.ops.services import ServicesConfig, free_port
 from project.ops.topology import ClusterInfo, start_cluster, stop_group
 from tests.failover import NODE, PRODUCTS, SHOP, LossProbe, crawl_outcome, slot_master
-from tests.fleet import Fleet, KeySpace, run_cli, wait_for
+from tests.fleet import WAIT_FOR_SEED, Fleet, KeySpace, run_cli, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,7 +49,7 @@ def cluster_fleet(
         mongo_db=mongo_db,
         log_dir=tmp_path,
         space=space,
-        settings={"REDIS_CLUSTER_NODES": group.nodes, **NODE},
+        settings={"REDIS_CLUSTER_NODES": group.nodes, **NODE, **WAIT_FOR_SEED},
         # every server, as the nodes get them: the one in group.url may be the one killed
         target=RedisTarget(
             group.url, cluster=True, cluster_nodes=tuple((group.host, p) for p in group.ports)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.fleet import WAIT_FOR_SEED
+
 if TYPE_CHECKING:
     import pymongo.database
 
@@ -16,8 +18,8 @@ pytestmark = pytest.mark.crawl
 
 
 def _run_two_nodes(fleet: Fleet) -> None:
-    fleet.start_node()
-    fleet.start_node()
+    fleet.start_node(**WAIT_FOR_SEED)
+    fleet.start_node(**WAIT_FOR_SEED)
     # both step before the seed goes in: a crawl of two seconds is over before a late node
     fleet.wait_ready()
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.fleet import wait_for
+from tests.fleet import WAIT_FOR_SEED, wait_for
 from tests.netns import Network
 
 if TYPE_CHECKING:
@@ -75,7 +75,9 @@ def _crawling(
 ) -> tuple[NetnsShop, NetnsFleet, redis.Redis, Any]:
     """*nodes* nodes crawling a shop of *products* (6 downloads at once), node0 mid-crawl."""
     redis_url, mongo_url, shop = _services(network, products, latency_ms=latency_ms)
-    fleet = network.fleet(redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6, **settings})
+    fleet = network.fleet(
+        redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6, **WAIT_FOR_SEED, **settings}
+    )
     client = network.redis(redis_url)
     db = network.mongo(mongo_url)[fleet.mongo_db]
     for _ in range(nodes):
@@ -106,7 +108,9 @@ def _assert_every_product_once(shop: NetnsShop, db: Any, products: int) -> None:
 def test_three_nodes_on_three_hosts_fetch_and_store_every_product_once(network: Network) -> None:
     products = 200
     redis_url, mongo_url, shop = _services(network, products, latency_ms=20)
-    fleet = network.fleet(redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 12})
+    fleet = network.fleet(
+        redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 12, **WAIT_FOR_SEED}
+    )
     client = network.redis(redis_url)
     for _ in range(3):
         fleet.start_node()

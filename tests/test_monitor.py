@@ -18,7 +18,7 @@ from project.monitoring.console import human_bytes, human_duration, render
 from project.monitoring.metrics import render_metrics
 from project.monitoring.node import MonitorConfig, windowed_rate
 from project.monitoring.status import StatusReader, drain_eta, failure_summary, node_view
-from tests.fleet import wait_for
+from tests.fleet import WAIT_FOR_SEED, wait_for
 
 # -- a strict reader of Prometheus' text format 0.0.4 ---------------------------
 
@@ -299,7 +299,7 @@ def _poll(reader: StatusReader, until, timeout: float) -> dict[str, Any]:
 def test_status_matches_a_finished_two_node_crawl(fleet, make_shop, mongo, redis_client) -> None:
     # 200 ms a page: the crawl lasts several monitor intervals, and both nodes are up for it
     shop = make_shop(products=300, latency_ms=200)
-    _nodes(fleet, 2)
+    _nodes(fleet, 2, **WAIT_FOR_SEED)
     fleet.wait_ready()
     fleet.seed(shop.url("/"))
     assert fleet.wait(120) == [0, 0]

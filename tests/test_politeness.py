@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from project.monitoring.status import frontier_snapshot
-from tests.fleet import wait_for
+from tests.fleet import WAIT_FOR_SEED, wait_for
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -61,6 +61,7 @@ def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_s
             DOWNLOAD_DELAY=1 / limit,
             RANDOMIZE_DOWNLOAD_DELAY=False,
             CONCURRENT_REQUESTS_PER_DOMAIN=1,
+            **WAIT_FOR_SEED,
         )
     # the three crawl from the first second: one that starts late is not one process fewer
     fleet.wait_ready()

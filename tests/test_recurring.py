@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from tests.fleet import Fleet, run_cli, wait_for
+from tests.fleet import WAIT_FOR_SEED, Fleet, run_cli, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -228,8 +228,8 @@ def test_a_killed_node_does_not_keep_its_run_from_ending(
     fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any]
 ) -> None:
     shop = make_shop(150, latency_ms=20)
-    fleet.start_node()
-    fleet.start_node()
+    fleet.start_node(**WAIT_FOR_SEED)
+    fleet.start_node(**WAIT_FOR_SEED)
     fleet.wait_ready()
     fleet.seed(shop.url("/"))
     wait_for(lambda: mongo["products"].count_documents({}) >= 20, 60, "the crawl under way")

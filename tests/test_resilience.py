@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -77,6 +80,73 @@ def test_redis_restart_mid_crawl(fleet: Fleet, make_shop, mongo, services: Servi
     _assert_every_product_once(shop, mongo, products)
     errors = fleet.stat(0, "frontier/redis_errors") + fleet.stat(1, "frontier/redis_errors")
     assert errors >= 1, "the restart went unnoticed"
+
+
+class _RestartingRedis:
+    """A TCP proxy to Redis that, until :meth:`recover`, answers PING and then closes the
+    connection at the next command: what a node sees of a Redis that restarts the moment it
+    has reached it."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.recovered = threading.Event()
+        self.cut = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def recover(self) -> None:
+        self.recovered.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, socket.create_connection(("127.0.0.1", self.target)) as server:
+            threading.Thread(target=self._pipe, args=(server, client), daemon=True).start()
+            while data := client.recv(65536):
+                handshake = any(word in data.upper() for word in (b"PING", b"HELLO", b"CLIENT"))
+                if not self.recovered.is_set() and not handshake:
+                    self.cut += 1
+                    return
+                server.sendall(data)
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_redis_that_goes_away_as_a_node_sets_up_is_waited_for(
+    fleet: Fleet, make_shop, mongo, services: ServicesConfig
+) -> None:
+    """Redis answers the node's PING, then drops it (a restart): the node sets up again
+    once Redis is back and crawls; it did nothing, for ever, before."""
+    products = 30
+    shop = make_shop(products=products)
+    proxy = _RestartingRedis(services.redis_port)
+    try:
+        fleet.seed(shop.url("/"))
+        fleet.redis_url = f"redis://127.0.0.1:{proxy.port}/0"
+        fleet.start_node()
+        wait_for(lambda: "went away while this node set up" in fleet.log(0), 30, "a retry")
+        proxy.recover()
+        assert fleet.wait(120) == [0]
+    finally:
+        proxy.close()
+    assert proxy.cut > 0
+    _assert_every_product_once(shop, mongo, products)
 
 
 def test_bad_seeds_are_dead_lettered_and_good_ones_crawled(

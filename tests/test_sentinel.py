@@ -16,7 +16,7 @@ from project.frontier.connection import RedisTarget
 from project.ops.services import ServicesConfig, free_port
 from project.ops.topology import SentinelInfo, start_sentinel_group, stop_group
 from tests.failover import NODE, PRODUCTS, SHOP, LossProbe, crawl_outcome
-from tests.fleet import Fleet, KeySpace, wait_for
+from tests.fleet import WAIT_FOR_SEED, Fleet, KeySpace, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -70,6 +70,7 @@ def test_a_killed_master_is_replaced_by_sentinels_and_the_nodes_follow(
             "REDIS_SENTINELS": group.sentinels,
             "REDIS_SENTINEL_MASTER": group.master_name,
             **NODE,
+            **WAIT_FOR_SEED,
         },
         target=target,
     )

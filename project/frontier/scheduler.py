@@ -13,6 +13,8 @@ from weakref import WeakKeyDictionary
 import scrapy.dupefilters
 import scrapy_redis.dupefilter
 from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
@@ -190,25 +192,44 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         """Reach Redis and start the frontier; if it cannot work, say why and close."""
         config = self.config
         where = config.redis_name
-        try:
-            await self._ping()
-        except AuthenticationError as exc:
-            self._fail(
-                "redis_auth",
-                "Redis at %s refused the password (%s): put it in REDIS_URL"
-                " (redis://:PASSWORD@host:port/0)",
-                where,
-                exc,
-            )
-        except RedisError as exc:
-            self._fail(
-                "redis_unreachable",
-                "Redis at %s unreachable for %.0fs (%s): start it (fleetcrawl services start)"
-                " or point REDIS_URL at it",
-                where,
-                config.connect_timeout,
-                exc,
-            )
+        deadline = time.monotonic() + config.connect_timeout
+        while True:
+            try:
+                await self._ping(deadline)
+                await self._prepare()
+                break
+            except AuthenticationError as exc:
+                self._fail(
+                    "redis_auth",
+                    "Redis at %s refused the password (%s): put it in REDIS_URL"
+                    " (redis://:PASSWORD@host:port/0)",
+                    where,
+                    exc,
+                )
+            except SeenFormError as exc:
+                self._fail("seen_form", "Cannot use the seen-set: %s", exc)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    self._fail(
+                        "redis_unreachable",
+                        "Redis at %s unreachable for %.0fs (%s): start it (fleetcrawl services"
+                        " start) or point REDIS_URL at it",
+                        where,
+                        config.connect_timeout,
+                        exc,
+                    )
+                # it answered, then went away (a restart): the set-up is safe to run again
+                logger.warning(
+                    "Redis at %s went away while this node set up its frontier (%s); retrying",
+                    where,
+                    exc,
+                    extra={"spider": spider},
+                )
+                await asyncio.sleep(0.5)
+            except RedisError as exc:
+                self._fail(
+                    "redis_error", "Redis at %s refused the frontier's set-up: %s", where, exc
+                )
         logger.info(
             "Frontier node %s on %s (queue %s, seeds %s%s, lease %.0fs)",
             self.node_id,
@@ -224,11 +245,16 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             logger.warning("Site cap unreachable: %s", line, extra={"spider": spider})
         if not has_own_seeds(spider):
             logger.debug("%s reads no seeds of its own", type(spider).__name__)
+        assert self.loop is not None
+        self.loop.start()
+        self._ready.set()
+
+    async def _prepare(self) -> None:
+        """What the frontier needs in Redis before its first step: the key layout, the
+        seen-set's form, the sites' caps and the allowed sites. Safe to run again."""
+        config = self.config
         await ensure_layout(self.server, self.keys)
-        try:
-            self.queue.seen_form = await ensure_form(self.server, self.keys, self.seen)
-        except SeenFormError as exc:
-            self._fail("seen_form", "Cannot use the seen-set: %s", exc)
+        self.queue.seen_form = await ensure_form(self.server, self.keys, self.seen)
         # "*" records this fleet's defaults for status readers; the Lua
         # scripts take the defaults from each node's own settings.
         caps = config.site_caps()
@@ -241,9 +267,6 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         await self.server.hset(self.keys.limits, mapping=caps)  # type: ignore[arg-type]
         if allowed:
             await self.server.sadd(self.keys.allowed, *allowed)
-        assert self.loop is not None
-        self.loop.start()
-        self._ready.set()
 
     @property
     def is_ready(self) -> bool:
@@ -267,9 +290,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self.loop.begin_start()
         return state
 
-    async def _ping(self) -> None:
-        """PING until it answers, for at most FRONTIER_CONNECT_TIMEOUT seconds."""
-        deadline = time.monotonic() + self.config.connect_timeout
+    async def _ping(self, deadline: float) -> None:
+        """PING until it answers, until *deadline* (FRONTIER_CONNECT_TIMEOUT from the start)."""
         while True:
             try:
                 await self.server.ping()
@@ -277,7 +299,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 raise
             except (RedisError, OSError) as exc:
                 if time.monotonic() >= deadline:
-                    raise RedisError(str(exc)) from exc
+                    raise RedisConnectionError(str(exc)) from exc
                 logger.warning(
                     "Redis at %s not answering (%s); retrying",
                     self.config.redis_name,
