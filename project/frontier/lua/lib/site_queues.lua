@@ -36,15 +36,41 @@ local function priority_of(payload)
     return 0
 end
 
--- Put a site back in the ready index at its best request, unless it is throttled.
-local function index_site(site)
-    if redis.call('ZSCORE', K.throttled, site) then return end
+-- The score of a site's best request, or nil when it has none.
+local function site_head(site)
     local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
-    if #head > 0 then
-        redis.call('ZADD', K.queue, head[2], site)
+    return head[2]
+end
+
+-- Whether a site has requests queued.
+local function site_has(site)
+    return redis.call('EXISTS', site_key(site)) == 1
+end
+
+-- Requests a site has queued.
+local function site_size(site)
+    return redis.call('ZCARD', site_key(site))
+end
+
+-- Take up to n of a site's best requests: {payload, score, ...}, best first.
+local function site_pop(site, n)
+    return redis.call('ZPOPMIN', site_key(site), n)
+end
+
+-- Put a site in the ready index at its best request (out of it when it has none).
+local function reindex_site(site)
+    local head = site_head(site)
+    if head then
+        redis.call('ZADD', K.queue, head, site)
     else
         redis.call('ZREM', K.queue, site)
     end
+end
+
+-- Put a site back in the ready index at its best request, unless it is throttled.
+local function index_site(site)
+    if redis.call('ZSCORE', K.throttled, site) then return end
+    reindex_site(site)
 end
 
 -- Add {site -> {score, payload, ...}} (best score first) to the site queues and the index.

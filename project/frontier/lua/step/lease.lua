@@ -55,7 +55,7 @@ end
 
 -- Take up to n requests of a site's queue as this node's leases; returns how many.
 local function take(site, n, deadline, prefix, out)
-    local popped = redis.call('ZPOPMIN', site_key(site), n)
+    local popped = site_pop(site, n)
     if #popped == 0 then return 0 end
     local args = {}
     for j = 1, #popped, 2 do
@@ -198,19 +198,14 @@ local function lease(at, n_ahead, opt, now, deadline, limits)
         elseif n == 0 then
             skip = skip + 1 -- this node's share of it is used up: the next site, if any
         elseif rate > 0 and tokens < 1 then
-            if redis.call('EXISTS', site_key(site)) == 1 then
+            if site_has(site) then
                 park_for_rate(site, tokens, rate, now)
                 out.throttled_changed = true
             else
                 redis.call('ZREM', K.queue, site)
             end
         else
-            local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
-            if #head == 0 then
-                redis.call('ZREM', K.queue, site)
-            else
-                redis.call('ZADD', K.queue, head[2], site)
-            end
+            reindex_site(site)
         end
     end
     if out.taken > 0 then

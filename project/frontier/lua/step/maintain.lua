@@ -111,7 +111,7 @@ local function forget_idle(now, limits)
     local old = redis.call('ZRANGEBYSCORE', K.recent, '-inf', now - FORGET_AFTER_MS,
                            'LIMIT', 0, FORGET_BATCH)
     for _, site in ipairs(old) do
-        local busy = redis.call('ZCARD', site_key(site)) > 0
+        local busy = site_size(site) > 0
             or redis.call('ZSCORE', K.throttled, site)
             or tonumber(redis.call('HGET', K.active, site) or 0) > 0
             or not refilled(site, now, limits)
