@@ -7,7 +7,11 @@ import ipaddress
 import logging
 import socket
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from project.frontier.queue import StepBatch
 
 __all__ = [
     "MAX_URL_LENGTH",
@@ -111,3 +115,20 @@ class SiteResolver:
         names = sorted(netlocs)
         sites = await asyncio.gather(*(self.resolve(n) for n in names))
         return dict(zip(names, sites, strict=True))
+
+    async def rekey(self, batch: StepBatch) -> None:
+        """Name the sites of a batch's new requests and latencies by IP. Retries and pauses
+        keep the site their lease was granted under."""
+        names = {entry[1] for entry in batch.enqueue} | {s for s, _, _ in batch.latency}
+        names |= {scope[1:] for *_, scope in batch.enqueue if scope.startswith("~")}
+        ip = await self.resolve_all(names)
+        batch.enqueue = [
+            (fp, ip[site], priority, payload, _rescope(scope, ip))
+            for fp, site, priority, payload, scope in batch.enqueue
+        ]
+        batch.latency = [(ip[s], total, n) for s, total, n in batch.latency]
+
+
+def _rescope(scope: str, ip: dict[str, str]) -> str:
+    # A redirect's scope names the site it came from: by IP too.
+    return "~" + ip[scope[1:]] if scope.startswith("~") else scope
