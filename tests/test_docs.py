@@ -145,6 +145,49 @@ def test_the_tree_lists_the_step_phases_that_step_lua_includes() -> None:
     )
 
 
+# -- links into a document land on one of its headings -------------------------------------------
+
+_ANCHOR_LINK = re.compile(r"\]\(([\w./-]*\.md)?#([\w-]+)\)")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown document."""
+    found: set[str] = set()
+    fence = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        if fence or not line.startswith("#"):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in found:
+            n += 1
+            candidate = f"{slug}-{n}"
+        found.add(candidate)
+    return found
+
+
+def _documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("document", _documents(), ids=lambda p: p.name)
+def test_every_link_to_a_heading_finds_it(document: Path) -> None:
+    text = document.read_text(encoding="utf-8")
+    broken = []
+    for target, anchor in _ANCHOR_LINK.findall(text):
+        linked = (document.parent / target).resolve() if target else document
+        if linked.exists() and anchor not in anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{target}#{anchor}")
+    assert broken == [], f"{document.name}: no such heading"
+
+
+def test_anchors_are_githubs() -> None:
+    text = "# Top\n## The seen-set's forms\n```\n# not a heading\n```\n## `CONCURRENT_REQUESTS`: x\n## Top\n"
+    assert anchors(text) == {"top", "the-seen-sets-forms", "concurrent_requests-x", "top-1"}
+
+
 # -- the check itself, on trees that part from a folder ------------------------------------------
 
 
