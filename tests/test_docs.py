@@ -1,5 +1,6 @@
 """The documents say what the tree holds: docs/architecture.md's tree lists every package,
-module and Lua script (each with its job) and nothing that is gone.
+module and Lua script (each with its job) and nothing that is gone, and every link to a
+heading of a document finds it.
 
 The tree is the first fenced block under the heading ``## The tree`` of docs/architecture.md,
 one entry a line::
