@@ -1,4 +1,5 @@
-"""Every ``fleetcrawl`` command that fails exits non-zero with one line that names what failed and what to do, and no traceback."""
+"""Every ``fleetcrawl`` command that fails exits non-zero with one line that names what failed
+and what to do, and no traceback."""
 
 from __future__ import annotations
 

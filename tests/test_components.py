@@ -442,7 +442,7 @@ def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
     assert FrontierKeys.from_settings(settings, "products") == keyspace.keys("products")
 
 
-# -- Retry-After, bounded twice ------------------------------------------------------------------
+# -- Retry-After, bounded twice -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -471,7 +471,7 @@ def test_retry_after_is_bounded_and_garbage_is_ignored(
         assert "Retry-After" in outcome["error"]
 
 
-# -- the frontier's enqueue path refuses what no node should fetch -------------------------------
+# -- the frontier's enqueue path refuses what no node should fetch --------------------------------
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,7 @@ def test_the_tree_lists_the_step_phases_that_step_lua_includes() -> None:
     )
 
 
-# -- links into a document land on one of its headings -------------------------------------------
+# -- links into a document land on one of its headings --------------------------------------------
 
 _ANCHOR_LINK = re.compile(r"\]\(([\w./-]*\.md)?#([\w-]+)\)")
 
@@ -185,11 +185,14 @@ def test_every_link_to_a_heading_finds_it(document: Path) -> None:
 
 
 def test_anchors_are_githubs() -> None:
-    text = "# Top\n## The seen-set's forms\n```\n# not a heading\n```\n## `CONCURRENT_REQUESTS`: x\n## Top\n"
+    text = (
+        "# Top\n## The seen-set's forms\n```\n# not a heading\n```\n"
+        "## `CONCURRENT_REQUESTS`: x\n## Top\n"
+    )
     assert anchors(text) == {"top", "the-seen-sets-forms", "concurrent_requests-x", "top-1"}
 
 
-# -- the check itself, on trees that part from a folder ------------------------------------------
+# -- the check itself, on trees that part from a folder -------------------------------------------
 
 
 def _project(tmp_path: Path) -> Path:

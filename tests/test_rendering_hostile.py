@@ -88,7 +88,7 @@ def _payload(url: str, *methods: dict[str, Any], **meta: Any) -> str:
     return json.dumps({"url": url, "meta": {"playwright_page_methods": list(methods), **meta}})
 
 
-# -- page methods on the wire ------------------------------------------------------------------
+# -- page methods on the wire ---------------------------------------------------------------------
 
 OFF_SITE = [
     "file:///etc/passwd",
@@ -298,7 +298,7 @@ def test_a_forged_rule_marker_only_removes_meta(spider) -> None:
         assert sent["keep"] == 1
 
 
-# -- browser contexts and process-local meta ---------------------------------------------------
+# -- browser contexts and process-local meta ------------------------------------------------------
 
 
 def test_context_outside_the_allow_list_renders_in_the_fleets(caplog) -> None:
@@ -354,7 +354,7 @@ def test_process_local_meta_is_refused_on_the_wire(spider, key) -> None:
         parse_seed(payload.encode(), 65536)
 
 
-# -- render bounds -------------------------------------------------------------------------------
+# -- render bounds --------------------------------------------------------------------------------
 
 
 def test_d4_every_render_is_bounded_by_default() -> None:
@@ -395,7 +395,7 @@ def test_d4_addon_renders_with_the_bounded_handler() -> None:
     assert load_object(handlers["https"]) is BoundedPlaywrightHandler
 
 
-# -- failed renders are retried, then dead-lettered -------------------------------------------
+# -- failed renders are retried, then dead-lettered -----------------------------------------------
 
 
 def test_playwright_errors_are_retried() -> None:
@@ -405,7 +405,7 @@ def test_playwright_errors_are_retried() -> None:
     assert {load_object(name) for name in RENDER_RETRY_EXCEPTIONS} == {playwright_api.Error}
 
 
-# -- Chromium's sandbox ------------------------------------------------------------------------
+# -- Chromium's sandbox ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("euid", "sandboxed"), [(1000, True), (0, False)])

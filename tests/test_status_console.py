@@ -1,5 +1,5 @@
-"""The terminal status shows text from Redis as text, never as Rich
-markup or terminal control codes, whatever a seed, a page or a Redis writer put there."""
+"""The terminal status shows text from Redis as text, never as Rich markup or terminal control
+codes, whatever a seed, a page or a Redis writer put there."""
 
 from __future__ import annotations
 

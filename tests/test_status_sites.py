@@ -1,4 +1,5 @@
-"""Status reads sites in a bounded number of round trips, and lists only the busy ones, against a real Redis laid out as the frontier writes it."""
+"""Status reads sites in a bounded number of round trips, and lists only the busy ones, against
+a real Redis laid out as the frontier writes it."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def _grow(disk: Path) -> None:
     subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
 
 
-# -- an item pymongo cannot encode costs only itself ---------------------------------------------
+# -- an item pymongo cannot encode costs only itself ----------------------------------------------
 
 
 def _hostile_saves(store: Any) -> list[Any]:
@@ -266,7 +266,7 @@ def test_a_journaled_item_mongodb_cannot_take_does_not_stop_the_replay(
     )
 
 
-# -- a journal write failure fails the item loudly -----------------------------------------------
+# -- a journal write failure fails the item loudly ------------------------------------------------
 
 
 @_SOCKET_LEAK
@@ -358,7 +358,7 @@ def test_a_misspelt_mongo_setting_stops_the_crawl(tmp_path: Path) -> None:
     ) in crawl.log()
 
 
-# -- permanent MongoDB errors are ERRORs and stats -------------------------------------------------
+# -- permanent MongoDB errors are ERRORs and stats ------------------------------------------------
 
 
 def test_a_wrong_password_stops_the_node_at_start(
@@ -452,7 +452,7 @@ def test_a_conflicting_index_is_an_error_not_an_outage(
     assert mongo.products.count_documents({}) == 1
 
 
-# -- replay never overwrites newer content ---------------------------------------------------------
+# -- replay never overwrites newer content --------------------------------------------------------
 
 
 @_SOCKET_LEAK
@@ -502,7 +502,7 @@ def test_replay_never_overwrites_newer_content(
     assert reject["reasons"] == {"price": ["new"]}, "node B's newer reject stays"
 
 
-# -- finished with a journal backlog ----------------------------------------------------------------
+# -- finished with a journal backlog --------------------------------------------------------------
 
 
 @pytest.mark.crawl
@@ -520,7 +520,7 @@ def test_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None
     ) in crawl.log()
 
 
-# -- the write concern ---------------------------------------------------------------------------
+# -- the write concern ----------------------------------------------------------------------------
 
 
 def test_the_write_concern_is_majority_on_a_replica_set(secured_mongo: str, tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ def test_meta_that_would_run_code_on_nodes_is_refused(spider: ProductsSpider, me
         decode_request(crafted, spider)
 
 
-# -- a payload read back from Redis is a stranger's ------------------------------------------
+# -- a payload read back from Redis is a stranger's -----------------------------------------------
 
 
 def test_decoding_drops_node_local_meta_from_a_payload(spider: ProductsSpider) -> None:
