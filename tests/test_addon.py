@@ -99,7 +99,7 @@ def test_a_second_project_with_only_addons_and_redis_url_crawls_with_two_nodes(
 
 
 def test_nodes_fetch_only_the_web_and_at_most_16_mib_a_page() -> None:
-    """No file://, ftp://, s3:// or data: handler (issue 12, deliverable 2 and 3)."""
+    """No file://, ftp://, s3:// or data: handler, and responses bounded at 16 MiB."""
     settings = Settings()
     FleetAddon().update_settings(settings)
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
@@ -123,7 +123,7 @@ def test_nodes_fetch_only_the_web_and_at_most_16_mib_a_page() -> None:
 def test_a_bad_setting_stops_a_node_with_one_line_and_exit_status_1(
     setting: str, value: str, says: str
 ) -> None:
-    """Deliverable 7, in a real `scrapy crawl`: one line, exit 1, no traceback."""
+    """A malformed setting, in a real `scrapy crawl`: one line, exit 1, no traceback."""
     import subprocess
     import sys
 

@@ -1,5 +1,5 @@
-"""Row 21 of issue 12: ``fleetcrawl dashboard`` answers only for its own names (DNS
-rebinding) and shows dead letters without the credentials they carried."""
+"""``fleetcrawl dashboard`` answers only for its own names (DNS rebinding) and shows dead
+letters without the credentials they carried."""
 
 from __future__ import annotations
 
@@ -40,13 +40,13 @@ from tests.test_failures_cli import SECRETS, _dead, _leaked
         ("evil.example\r\nX: y", "127.0.0.1", (), False),
     ],
 )
-def test_host_header_check_row_21(
+def test_only_the_dashboards_own_names_pass_the_host_check(
     header: str | None, bound: str, allowed: tuple[str, ...], answered: bool
 ) -> None:
     assert host_allowed(header, bound, allowed) is answered
 
 
-def test_allowed_hosts_from_the_setting_or_the_environment_row_21() -> None:
+def test_allowed_hosts_from_the_setting_or_the_environment() -> None:
     environ = {"DASHBOARD_ALLOWED_HOSTS": "Dash.Example.org:8050, .corp.test,"}
     assert DashboardConfig.from_settings(Settings(), {}).allowed_hosts == ()
     from_env = DashboardConfig.from_settings(Settings(), environ)
@@ -72,9 +72,7 @@ def _get(url: str, path: str, host: str | None) -> tuple[int, str]:
 
 
 @pytest.mark.crawl
-def test_dashboard_refuses_other_hosts_and_redacts_dead_letters_row_21(
-    fleet, redis_client, keys
-) -> None:
+def test_dashboard_refuses_other_hosts_and_redacts_dead_letters(fleet, redis_client, keys) -> None:
     request = {"url": "http://shop.test/account", "headers": SECRETS}
     redis_client.lpush(keys.dead, _dead(request["url"], request))
     env = {**fleet.env(), "DASHBOARD_ALLOWED_HOSTS": "dash.example.org"}

@@ -1,5 +1,5 @@
-"""Deliverable 7 of issue 12 (CLI part): every ``fleetcrawl`` command that fails exits
-non-zero with one line that names what failed and what to do, and no traceback."""
+"""Every ``fleetcrawl`` command that fails exits non-zero with one line that names what failed
+and what to do, and no traceback."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_bad_configuration_is_one_line_and_exit_2(
     _one_error_line(run, 2, *words)
 
 
-def test_retry_with_a_dead_letter_that_is_not_json_row_22(
+def test_retry_keeps_a_dead_letter_that_is_not_json_without_a_traceback(
     redis_url: str, redis_client, keyspace, keys
 ) -> None:
     redis_client.lpush(keys.dead, b"{not json \x1b[2J")

@@ -1,5 +1,5 @@
 """Every scheduling knob Scrapy and scrapy-redis users know is honoured, or refused at start
-with the fleet's way named: none is silently dead (issue 13, deliverable 4)."""
+with the fleet's way named: none is silently dead."""
 
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ def test_a_redirected_robots_txt_is_cached_for_the_site_that_asked(
     assert not redis_client.exists(keys.robots_lock("shop.test")), "the lock was released"
 
 
-def test_a_nodes_parsed_robots_txt_expires_row_15(redis_url: str, keyspace: KeySpace) -> None:
+def test_a_nodes_parsed_robots_txt_expires(redis_url: str, keyspace: KeySpace) -> None:
     """Scrapy's own parser cache lives as long as the process; the fleet's expires."""
     crawler = _crawler(redis_url, keyspace, ROBOTSTXT_CACHE_SECONDS=0.3)
     crawler.stats.open_spider()
@@ -442,7 +442,7 @@ def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
     assert FrontierKeys.from_settings(settings, "products") == keyspace.keys("products")
 
 
-# -- Retry-After, bounded twice (issue 12, row 8) ------------------------------------------------
+# -- Retry-After, bounded twice -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -456,7 +456,7 @@ def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
         ("", "retry", None),
     ],
 )
-def test_retry_after_is_bounded_and_garbage_is_ignored_row_8(
+def test_retry_after_is_bounded_and_garbage_is_ignored(
     redis_url: str, keyspace: KeySpace, header: str, action: str, pause: float | None
 ) -> None:
     middleware = build_from_crawler(FrontierRetryMiddleware, _crawler(redis_url, keyspace))
@@ -471,7 +471,7 @@ def test_retry_after_is_bounded_and_garbage_is_ignored_row_8(
         assert "Retry-After" in outcome["error"]
 
 
-# -- the frontier's enqueue path refuses what no node should fetch (deliverable 2) ---------------
+# -- the frontier's enqueue path refuses what no node should fetch --------------------------------
 
 
 @pytest.mark.parametrize(
@@ -501,11 +501,11 @@ def test_the_scheduler_refuses_urls_no_node_should_fetch(
     assert crawler.stats.get_value(f"frontier/refused/{reason}") == 1
 
 
-def test_fast_discovery_settles_every_lease_without_a_reap_row_4(
+def test_fast_discovery_settles_every_lease_without_a_reap(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, make_shop
 ) -> None:
-    """A backlog of discovered requests never holds acks back until their leases expire
-    (issue 12, row 4): settlements go with the round trip that sends their children, and
+    """A backlog of discovered requests never holds acks back until their leases expire:
+    settlements go with the round trip that sends their children, and
     the leases that wait for it keep their heartbeats."""
     shop = make_shop(products=150)
     crawler = _seeded_crawl(
@@ -525,10 +525,10 @@ def test_fast_discovery_settles_every_lease_without_a_reap_row_4(
     assert max(shop.stats()["hits"].values()) == 1, "a page was fetched twice"
 
 
-# -- FLEET_SITE_KEY = "ip": limits are written under the names leases are read by (row 14) --------
+# -- FLEET_SITE_KEY = "ip": limits are written under the names leases are read by -----------------
 
 
-def test_ip_mode_writes_site_limits_and_crawl_delay_under_addresses_row_14(
+def test_ip_mode_writes_site_limits_and_crawl_delay_under_addresses(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
 ) -> None:
     crawler = _crawler(
@@ -568,10 +568,10 @@ class _UnstorablePipeline:
         return item
 
 
-def test_a_page_whose_item_was_not_stored_is_retried_not_acked_row_6(
+def test_a_page_whose_item_was_not_stored_is_retried_not_acked(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys, make_shop
 ) -> None:
-    """Issue 12, row 6: a pipeline error is not an ack; the page is retried, then dead-lettered."""
+    """A pipeline error is not an ack: the page is retried, then dead-lettered."""
     shop = make_shop(products=20)
     crawler = _seeded_crawl(
         redis_url,
@@ -592,10 +592,10 @@ def test_a_page_whose_item_was_not_stored_is_retried_not_acked_row_6(
     assert stats["item_scraped_count"] == 19
 
 
-def test_a_huge_robots_txt_is_cut_before_it_is_parsed_or_shared_row_15(
+def test_a_huge_robots_txt_is_cut_before_it_is_parsed_or_shared(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
 ) -> None:
-    """Row 15: a robots.txt of any size costs at most ROBOTSTXT_MAX_BYTES, in Redis and parsed."""
+    """A robots.txt of any size costs at most ROBOTSTXT_MAX_BYTES, in Redis and parsed."""
     crawler = _crawler(redis_url, keyspace, ROBOTSTXT_MAX_BYTES=1000)
 
     async def main() -> Response:

@@ -1,5 +1,5 @@
 """The spider kit on the fleet: each example spider crawls the test site with two nodes, each
-page once, its items in MongoDB (issue 13, deliverable 5)."""
+page once, its items in MongoDB."""
 
 from __future__ import annotations
 

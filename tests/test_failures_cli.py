@@ -61,8 +61,8 @@ def _leaked(text: str) -> list[str]:
     return [s for s in ("s3cret-cookie", "czNjcmV0", "cHJveHk=", "pr0xypass") if s in text]
 
 
-def test_failures_list_redacts_credentials_row_21(redis_url, redis_client, keyspace, keys):
-    """Row 21: dead-letter payloads kept Cookie/Authorization/Proxy-Authorization headers."""
+def test_failures_list_redacts_credentials(redis_url, redis_client, keyspace, keys):
+    """Cookie, Authorization and Proxy-Authorization headers of dead letters are not shown."""
     request = {
         "url": "http://shop.test/account",
         "headers": {**SECRETS, "Accept": ["text/html"]},
@@ -95,10 +95,8 @@ def test_failures_list_redacts_credentials_row_21(redis_url, redis_client, keysp
 HOSTILE = "[/x] \x1b[31mred\x1b[0m over\rwrite bell\x07 del\x7f c1\x9b " + "A" * 10_000
 
 
-def test_failures_list_prints_no_terminal_escapes_row_22(
-    redis_url, redis_client, keyspace, keys
-) -> None:
-    """Row 22: `failures list` printed raw terminal escapes from dead letters."""
+def test_failures_list_prints_no_terminal_escapes(redis_url, redis_client, keyspace, keys) -> None:
+    """`failures list` shows terminal escapes of dead letters escaped, never raw."""
     record = json.loads(_dead(HOSTILE, None))
     record.update(error=HOSTILE, node=HOSTILE, kind=HOSTILE, attempts=HOSTILE)
     redis_client.lpush(keys.dead, json.dumps(record), b"\x1b[2J not json", b"[1]")

@@ -312,7 +312,7 @@ raw_seeds = st.one_of(
 
 @fuzz(600)
 @given(raw_seeds, _max_bytes)
-# the poison seeds of issue 12
+# seeds that once escaped validation and wedged the fleet
 @example(b"http://[::1", 65536)
 @example(b'{"url":"http://a/","priority":' + b"9" * 5000 + b"}", 65536)
 @example(_hostile_raw("deep_object", 30_000), 1 << 20)

@@ -1,5 +1,4 @@
-"""`scrapy genspider -t fleet NAME DOMAIN` writes a spider that runs on the fleet as it is
-(issue 13, deliverable 5)."""
+"""`scrapy genspider -t fleet NAME DOMAIN` writes a spider that runs on the fleet as it is."""
 
 from __future__ import annotations
 

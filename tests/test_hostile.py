@@ -1,9 +1,8 @@
-"""A two-node crawl of the hostile test shop (issue 12, deliverable 9): links to other schemes,
-other local ports (the crawl's own Redis among them) and invalid URLs, a 30 MB page, Retry-After
-abuse, 429 for ever and a page that never finishes. The crawl ends by itself, stores every good
-product once, dead-letters each broken page with its reason, sends nothing anywhere else, and
-each node's memory stays bounded (the nodes run under an address-space cap).
-"""
+"""A two-node crawl of the hostile test shop: links to other schemes, other local ports (the
+crawl's own Redis among them) and invalid URLs, a 30 MB page, Retry-After abuse, 429 for ever
+and a page that never finishes. The crawl ends by itself, stores every good product once,
+dead-letters each broken page with its reason, sends nothing anywhere else, and each node's
+memory stays bounded (the nodes run under an address-space cap)."""
 
 from __future__ import annotations
 
@@ -272,4 +271,4 @@ def _print_summary(
     lines.extend(f"    {key:34s} {value:6d}" for key, value in sorted(refused.items()))
     lines.append(f"  shop: hostile pages requested {shop_stats['hostile']}")
     lines.append(f"        hostile bytes sent {shop_stats['hostile_sent']}")
-    print("\n".join(lines))  # the figures the issue's note needs
+    print("\n".join(lines))  # pytest -s shows what the crawl cost

@@ -66,7 +66,7 @@ def test_journal_survives_a_torn_write_and_a_restart(tmp_path: Path) -> None:
     assert journal_backlog(tmp_path / "missing") == 0
 
 
-# -- row 12: a journal is keyed by database -------------------------------------------------------
+# -- a journal is keyed by database ---------------------------------------------------------------
 
 
 def _segment(slot: Path, *records: dict[str, object]) -> None:
@@ -75,7 +75,7 @@ def _segment(slot: Path, *records: dict[str, object]) -> None:
     (slot / "000000000001.jsonl").write_text(lines)
 
 
-def test_row12_a_journal_adopts_only_segments_of_its_own_database(tmp_path: Path) -> None:
+def test_a_journal_adopts_only_segments_of_its_own_database(tmp_path: Path) -> None:
     shared = tmp_path / "journal"  # a MONGO_JOURNAL_DIR without {database}, used by two jobs
     first = Journal(shared, database="a")
     first.open()
@@ -92,7 +92,7 @@ def test_row12_a_journal_adopts_only_segments_of_its_own_database(tmp_path: Path
     again.close()
 
 
-def test_row12_segments_of_another_database_in_its_own_slot_are_set_aside(
+def test_segments_of_another_database_in_its_own_slot_are_set_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _segment(tmp_path / "node-0", {"db": "a", "n": 1})  # node-0 was last used by a job on a
@@ -110,7 +110,7 @@ def test_row12_segments_of_another_database_in_its_own_slot_are_set_aside(
     journal.close()
 
 
-def test_row12_the_old_layout_is_adopted_only_for_records_naming_the_database(
+def test_the_old_layout_is_adopted_only_for_records_naming_the_database(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     legacy = tmp_path / ".state/journal/products"  # MONGO_JOURNAL_DIR's old default

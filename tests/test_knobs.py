@@ -1,6 +1,5 @@
-"""Scrapy's and scrapy-redis' knobs, honoured in real crawls of two nodes (issue 13,
-deliverable 4): seeds in a set, SCHEDULER_PERSIST, DUPEFILTER_DEBUG, download_slot,
-MAX_IDLE_TIME_BEFORE_CLOSE."""
+"""Scrapy's and scrapy-redis' knobs, honoured in real crawls of two nodes: seeds in a set,
+SCHEDULER_PERSIST, DUPEFILTER_DEBUG, download_slot, MAX_IDLE_TIME_BEFORE_CLOSE."""
 
 from __future__ import annotations
 

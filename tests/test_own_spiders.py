@@ -1,6 +1,5 @@
 """Spiders written the way Scrapy's and scrapy-redis' documentation write them run unchanged on
-the fleet: two nodes crawl a site neither has seen, each page once, every item in MongoDB once
-(issue 13, deliverable 1 and its "done when")."""
+the fleet: two nodes crawl a site neither has seen, each page once, every item in MongoDB once."""
 
 from __future__ import annotations
 
@@ -81,7 +80,7 @@ def test_a_stock_spider_crawls_a_new_site_with_two_nodes_once_and_stores_every_i
         assert node.get("frontier/leased", 0) > 0, f"node{index} took no work from the frontier"
     pages = sum(stats["hits"].values())
     items = sum(fleet.stat(i, "item_scraped_count") for i in (0, 1))
-    # The figures of issue 13's note: pytest -s tests/test_own_spiders.py
+    # What each crawl did: pytest -s tests/test_own_spiders.py
     print(f"\n{spider}: pages {pages}, items {items}, in MongoDB {len(stored)}, twice {len(twice)}")
 
 

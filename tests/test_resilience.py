@@ -210,10 +210,10 @@ def test_flaky_pages_are_retried_then_dead_lettered(
     assert mongo.failures.count_documents({"kind": "request"}) == len(expected["broken"])
 
 
-def test_a_node_whose_clock_is_120s_ahead_reaps_no_live_lease_row_7(
+def test_a_node_whose_clock_is_120s_ahead_reaps_no_live_lease(
     fleet: Fleet, make_shop, mongo
 ) -> None:
-    """Leases, retries and token buckets run on Redis' clock (issue 12, row 7)."""
+    """Leases, retries and token buckets run on Redis' clock, not the node's."""
     products = 300
     shop = make_shop(products=products, latency_ms=30)
     fleet.seed(shop.url("/"))

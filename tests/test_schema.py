@@ -235,7 +235,7 @@ def test_availability_is_normalised(text: str | None, expected: Availability | N
     assert Product.model_validate({**VALID, "availability": text}).availability is expected
 
 
-# -- row 16: a page may name only its own site's product ------------------------------------------
+# -- a page may name only its own site's product --------------------------------------------------
 
 PAGE = "http://shop.test/product/7?utm_source=x"
 
@@ -262,7 +262,7 @@ PAGE = "http://shop.test/product/7?utm_source=x"
         ("/" + "x" * MAX_URL_LENGTH, "http://shop.test/product/7?utm_source=x", "invalid"),
     ],
 )
-def test_row16_canonical_link_becomes_the_id_only_on_the_pages_own_site(
+def test_canonical_link_becomes_the_id_only_on_the_pages_own_site(
     canonical: str, expected: str, why: str | None
 ) -> None:
     assert canonical_product_url(PAGE, canonical) == (expected, why)
@@ -271,13 +271,13 @@ def test_row16_canonical_link_becomes_the_id_only_on_the_pages_own_site(
     assert product.url == PAGE, "the page URL itself is kept as it was fetched"
 
 
-def test_row16_a_page_on_a_port_keeps_its_port() -> None:
+def test_a_page_on_a_port_keeps_its_port() -> None:
     page = "http://127.0.0.1:8123/product/1"
     assert canonical_product_url(page, "/product/1") == ("http://127.0.0.1:8123/product/1", None)
     assert canonical_product_url(page, "http://127.0.0.1:9999/product/1")[1] == "offsite"
 
 
-# -- row 3: field sizes bounded by the schema -----------------------------------------------------
+# -- field sizes bounded by the schema ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -298,14 +298,14 @@ def test_row16_a_page_on_a_port_keeps_its_port() -> None:
         ("price", "0." + "1" * 40),
     ],
 )
-def test_row3_an_oversized_field_is_an_error_by_name(field: str, value: object) -> None:
+def test_an_oversized_field_is_an_error_by_name(field: str, value: object) -> None:
     images = [] if field == "url" else VALID["image_urls"]  # relative: they need the page URL
     with pytest.raises(ValueError, match=field) as info:
         Product.model_validate({**VALID, "image_urls": images, field: value})
     assert list(field_errors(info.value)) == [field]  # type: ignore[arg-type]
 
 
-def test_row3_the_largest_valid_product_fits_a_mongodb_document() -> None:
+def test_the_largest_valid_product_fits_a_mongodb_document() -> None:
     wide = "\U0001f600"  # four bytes in UTF-8: the worst case per character
     product = Product.model_validate(
         {
@@ -342,7 +342,7 @@ def _deep(depth: int) -> list[object]:
     ],
     ids=["10MB-price", "huge-int", "deep-name", "huge-dict", "deep-crumb", "1MB-availability"],
 )
-def test_row3_hostile_values_cost_a_short_message(field: str, value: object) -> None:
+def test_hostile_values_cost_a_short_message(field: str, value: object) -> None:
     assert sys.getrecursionlimit() < 30_000
     with pytest.raises(ValueError, match=field) as info:
         Product.model_validate({**VALID, field: value})

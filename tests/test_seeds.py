@@ -44,7 +44,7 @@ def test_good_seeds(raw: bytes, expected: Seed) -> None:
         (b'{"url": "http://x/", "callback": "evil"}', "field"),
         (b'{"url": ', "json"),
         (b"x" * 70000, "too_large"),
-        # issue 12: seeds that used to escape validation and wedge the fleet
+        # seeds that once escaped validation and wedged the fleet
         (b"http://[::1", "url"),
         (b"http://shop.test:99999/", "url"),
         (b"http://" + b"a" * 3000 + b".test/", "url"),

@@ -194,7 +194,7 @@ def test_flush_deletes_every_key_of_a_form(
 def test_bytes_per_url_at_the_expected_count(
     mode: str, most: float, redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
-    """The issue's budget (16 and 4 bytes a URL), at 200,000 URLs: INFO memory before and after."""
+    """Within each form's budget (16 and 4 bytes a URL) at 200,000 URLs, by INFO memory."""
     count = 200_000
     config = SeenConfig(mode, count, 1e-6)
     script = redis_client.register_script(lua.load("seen").source)

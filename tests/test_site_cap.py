@@ -1,5 +1,5 @@
 """One politeness knob: FLEET_SITE_CONCURRENCY counts downloads, and nothing per node
-silently keeps a site below it (issue 14)."""
+silently keeps a site below it."""
 
 from __future__ import annotations
 

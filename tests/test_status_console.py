@@ -1,5 +1,5 @@
-"""Row 22 of issue 12: the terminal status shows text from Redis as text, never as Rich
-markup or terminal control codes, whatever a seed, a page or a Redis writer put there."""
+"""The terminal status shows text from Redis as text, never as Rich markup or terminal control
+codes, whatever a seed, a page or a Redis writer put there."""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def _controls(text: str) -> list[str]:
         (b"bytes", "b'bytes'"),
     ],
 )
-def test_printable_keeps_text_and_escapes_the_rest_row_22(value: Any, shown: str) -> None:
+def test_printable_keeps_text_and_escapes_the_rest(value: Any, shown: str) -> None:
     assert printable(value) == shown
 
 
-def test_printable_bounds_what_it_shows_row_22() -> None:
+def test_printable_bounds_what_it_shows() -> None:
     assert printable("A" * 10_000, 90) == "A" * 87 + "..."
     assert len(printable("\x1b" * 10_000, 120)) == 120
     assert printable("short", 90) == "short"
@@ -71,8 +71,8 @@ def _hostile_status(value: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_status_renders_hostile_text_as_text_row_22(value: str) -> None:
-    """Row 22: a seed `[/x]` crashed `status --watch`; `\\x1b[` reached the terminal."""
+def test_status_renders_hostile_text_as_text(value: str) -> None:
+    """A seed `[/x]` (it once crashed `status --watch`) and `\\x1b[` are shown as text."""
     out = Console(record=True, width=200, color_system=None, force_terminal=False)
     out.print(render(_hostile_status(value)))
     text = out.export_text()
@@ -94,7 +94,7 @@ def _dead(redis_client, keys: FrontierKeys, value: str) -> None:
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_watch_shows_hostile_dead_letters_and_nodes_row_22(
+def test_watch_shows_hostile_dead_letters_and_nodes(
     redis_url, redis_client, keyspace, value: str
 ) -> None:
     """`status --watch` over a real Redis holding hostile dead letters, nodes and sites."""

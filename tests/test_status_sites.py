@@ -1,5 +1,5 @@
-"""Row 19 of issue 12: status reads sites in a bounded number of round trips, and lists
-only the busy ones, against a real Redis laid out as the frontier writes it."""
+"""Status reads sites in a bounded number of round trips, and lists only the busy ones, against
+a real Redis laid out as the frontier writes it."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def _round_trips(redis_url: str, keys: FrontierKeys) -> tuple[int, dict[str, Any
         client.close()
 
 
-def test_status_round_trips_do_not_grow_with_sites_row_19(redis_url, redis_client, keyspace):
-    """Row 19: 7+ sequential round trips per site ever seen became a fixed number."""
+def test_status_round_trips_do_not_grow_with_sites(redis_url, redis_client, keyspace):
+    """A fixed number of round trips, however many sites were ever seen (once 7+ per site)."""
     few, many = keyspace.keys("few"), keyspace.keys("many")
     _fill(redis_client, few, sites=3, idle=5)
     _fill(redis_client, many, sites=300, idle=2000)
@@ -79,10 +79,8 @@ def test_status_round_trips_do_not_grow_with_sites_row_19(redis_url, redis_clien
     assert status_many["site_count"] == {"with_work": 300, "listed": 20, "known": 2300}
 
 
-def test_status_lists_the_busiest_sites_not_every_site_ever_seen_row_19(
-    redis_client, keyspace
-) -> None:
-    """Row 19: sites with nothing queued, in flight or leased lately are counted, not listed."""
+def test_status_lists_the_busiest_sites_not_every_site_ever_seen(redis_client, keyspace) -> None:
+    """Sites with nothing queued, in flight or leased lately are counted, not listed."""
     keys = keyspace.keys("products")
     _fill(redis_client, keys, sites=30, idle=50)
     now_ms = int(redis_client.time()[0]) * 1000
@@ -114,7 +112,7 @@ def test_status_lists_the_busiest_sites_not_every_site_ever_seen_row_19(
     assert "done1.test" not in [row["site"] for row in again["sites"]]
 
 
-def test_status_survives_hostile_site_entries_row_19(redis_client, keyspace) -> None:
+def test_status_survives_hostile_site_entries(redis_client, keyspace) -> None:
     keys = keyspace.keys("products")
     site = b"caf\xe9.test:8080"  # not UTF-8: listed, and read back under its own bytes
     queue = keys.site_queue("").encode() + site
@@ -131,7 +129,7 @@ def test_status_survives_hostile_site_entries_row_19(redis_client, keyspace) -> 
     assert (row["allowed_rate"], row["concurrency"]) == (2.5, 4), "the fleet's defaults"
 
 
-def test_reader_computes_achieved_rates_across_a_forgotten_counter_row_19(
+def test_reader_computes_achieved_rates_across_a_forgotten_counter(
     redis_url, redis_client, keyspace
 ) -> None:
     keys = keyspace.keys("products")

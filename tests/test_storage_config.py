@@ -118,7 +118,7 @@ def test_config_rejects_unusable_values(name: str, value: object) -> None:
         ),
     ],
 )
-def test_row6_a_misspelt_mongo_setting_stops_the_node(name: str, hint: str) -> None:
+def test_a_misspelt_mongo_setting_stops_the_node(name: str, hint: str) -> None:
     settings = Settings({name: "mongodb://db.internal:27017"})
     with pytest.raises(StorageConfigError, match=f"unknown setting {name}: {hint}"):
         MongoConfig.from_settings(settings)
@@ -127,12 +127,12 @@ def test_row6_a_misspelt_mongo_setting_stops_the_node(name: str, hint: str) -> N
         MongoPipeline.from_crawler(crawler)
 
 
-def test_row6_unset_or_foreign_names_are_not_typos() -> None:
+def test_unset_or_foreign_names_are_not_typos() -> None:
     settings = Settings({"MONGO_URL": None, "MONGODB_PIPELINE_ORDER": 5, "MONGO_URI": None})
     assert MongoConfig.from_settings(settings).uri == "mongodb://127.0.0.1:27017"
 
 
-def test_row12_the_journal_is_keyed_by_database_and_spider() -> None:
+def test_the_journal_is_keyed_by_database_and_spider() -> None:
     one = MongoConfig.from_settings(Settings({"MONGO_DATABASE": "a"}), spider_name="products")
     two = MongoConfig.from_settings(Settings({"MONGO_DATABASE": "b"}), spider_name="products")
     assert one.journal_dir == Path(".state/journal/a/products")

@@ -1,4 +1,5 @@
-"""Storage faults are loud and exact (issue 12, rows 3, 6, 11, 12, 13 and 23).
+"""Storage faults are loud and exact: what MongoDB cannot take, journal failures, permanent
+errors, late replays, a backlog at the end, the write concern.
 
 Against real servers: the suite's FerretDB, a FerretDB of this module with authentication on
 that says it is replica set ``rs0``, a port nobody listens on, and a journal on a 64 KiB tmpfs
@@ -123,7 +124,7 @@ def _grow(disk: Path) -> None:
     subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
 
 
-# -- row 3: an item pymongo cannot encode costs only itself --------------------------------------
+# -- an item pymongo cannot encode costs only itself ----------------------------------------------
 
 
 def _hostile_saves(store: Any) -> list[Any]:
@@ -183,7 +184,7 @@ def _check_hostile_outcome(mongo: Database[Any], *more_rejects: str) -> None:
     assert hostile["reasons"] == {"price": ["missing"], "a\uff0eb": ["$not allowed"]}
 
 
-def test_row3_an_item_mongodb_cannot_take_goes_to_rejects_and_its_batch_is_stored(
+def test_an_item_mongodb_cannot_take_goes_to_rejects_and_its_batch_is_stored(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
     async def run() -> tuple[list[BaseException | None], dict[str, Any]]:
@@ -212,7 +213,7 @@ def test_row3_an_item_mongodb_cannot_take_goes_to_rejects_and_its_batch_is_store
 
 
 @_SOCKET_LEAK
-def test_row3_a_journaled_item_mongodb_cannot_take_does_not_stop_the_replay(
+def test_a_journaled_item_mongodb_cannot_take_does_not_stop_the_replay(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
     journal = tmp_path / "journal"
@@ -265,11 +266,11 @@ def test_row3_a_journaled_item_mongodb_cannot_take_does_not_stop_the_replay(
     )
 
 
-# -- row 6: a journal write failure fails the item loudly ----------------------------------------
+# -- a journal write failure fails the item loudly ------------------------------------------------
 
 
 @_SOCKET_LEAK
-def test_row6_a_journal_write_failure_fails_the_item_loudly(
+def test_a_journal_write_failure_fails_the_item_loudly(
     tiny_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = tiny_disk / "journal"
@@ -310,7 +311,7 @@ def test_row6_a_journal_write_failure_fails_the_item_loudly(
 
 
 @pytest.mark.crawl
-def test_row6_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
+def test_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
     tiny_disk: Path, tmp_path: Path
 ) -> None:
     """The storage half of the contract: the frontier can refuse the page's ack.
@@ -343,7 +344,7 @@ def test_row6_a_failed_item_reaches_the_frontier_while_its_page_is_in_progress(
 
 
 @pytest.mark.crawl
-def test_row6_a_misspelt_mongo_setting_stops_the_crawl(tmp_path: Path) -> None:
+def test_a_misspelt_mongo_setting_stops_the_crawl(tmp_path: Path) -> None:
     with ShopServer(products=5) as shop:
         settings = crawl_settings(
             "mongodb://127.0.0.1:1", "fleetcrawl", tmp_path / "journal", MONGO_URL="mongodb://db"
@@ -357,10 +358,10 @@ def test_row6_a_misspelt_mongo_setting_stops_the_crawl(tmp_path: Path) -> None:
     ) in crawl.log()
 
 
-# -- row 11: permanent MongoDB errors are ERRORs and stats -----------------------------------------
+# -- permanent MongoDB errors are ERRORs and stats ------------------------------------------------
 
 
-def test_row11_a_wrong_password_stops_the_node_at_start(
+def test_a_wrong_password_stops_the_node_at_start(
     secured_mongo: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = f"mongodb://fleet:wrong-pw@{secured_mongo}/?directConnection=true"
@@ -380,7 +381,7 @@ def test_row11_a_wrong_password_stops_the_node_at_start(
     assert "wrong-pw" not in caplog.text
 
 
-def test_row11_missing_privileges_are_errors_in_the_log_and_the_stats(
+def test_missing_privileges_are_errors_in_the_log_and_the_stats(
     secured_mongo: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     uri = f"mongodb://{secured_mongo}/?directConnection=true"  # no user: nothing is permitted
@@ -425,14 +426,12 @@ def test_row11_missing_privileges_are_errors_in_the_log_and_the_stats(
     ],
     ids=lambda value: value if isinstance(value, str) else type(value).__name__,
 )
-def test_row11_outages_and_permanent_errors_are_told_apart(
-    error: PyMongoError, expected: str
-) -> None:
+def test_outages_and_permanent_errors_are_told_apart(error: PyMongoError, expected: str) -> None:
     assert severity(error) == expected
     assert is_authentication_failure(error) == (getattr(error, "code", None) == 18)
 
 
-def test_row11_a_conflicting_index_is_an_error_not_an_outage(
+def test_a_conflicting_index_is_an_error_not_an_outage(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mongo.products.create_index([("sku", pymongo.DESCENDING)], name="sku")
@@ -453,11 +452,11 @@ def test_row11_a_conflicting_index_is_an_error_not_an_outage(
     assert mongo.products.count_documents({}) == 1
 
 
-# -- row 12: replay never overwrites newer content -------------------------------------------------
+# -- replay never overwrites newer content --------------------------------------------------------
 
 
 @_SOCKET_LEAK
-def test_row12_replay_never_overwrites_newer_content(
+def test_replay_never_overwrites_newer_content(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
     journal, now = tmp_path / "journal", time.time()
@@ -503,11 +502,11 @@ def test_row12_replay_never_overwrites_newer_content(
     assert reject["reasons"] == {"price": ["new"]}, "node B's newer reject stays"
 
 
-# -- row 13: finished with a journal backlog --------------------------------------------------------
+# -- finished with a journal backlog --------------------------------------------------------------
 
 
 @pytest.mark.crawl
-def test_row13_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None:
+def test_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     with ShopServer(products=10) as shop:
         settings = crawl_settings(_dead_uri(), "fleetcrawl", journal)
@@ -521,12 +520,10 @@ def test_row13_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -
     ) in crawl.log()
 
 
-# -- row 23: the write concern -------------------------------------------------------------------
+# -- the write concern ----------------------------------------------------------------------------
 
 
-def test_row23_the_write_concern_is_majority_on_a_replica_set(
-    secured_mongo: str, tmp_path: Path
-) -> None:
+def test_the_write_concern_is_majority_on_a_replica_set(secured_mongo: str, tmp_path: Path) -> None:
     uri = f"mongodb://fleet:s3cret@{secured_mongo}/?directConnection=true"
 
     async def run() -> tuple[Any, dict[str, Any]]:
@@ -543,7 +540,7 @@ def test_row23_the_write_concern_is_majority_on_a_replica_set(
     assert stats["mongo/inserted"] == 1
 
 
-def test_row23_a_single_server_acknowledges_alone(
+def test_a_single_server_acknowledges_alone(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def run() -> tuple[Any, dict[str, Any]]:
@@ -562,7 +559,7 @@ def test_row23_a_single_server_acknowledges_alone(
 
 
 @pytest.mark.parametrize("concern", ["2", "dc-east"])
-def test_row23_a_write_concern_a_single_server_cannot_meet_stops_the_node(
+def test_a_write_concern_a_single_server_cannot_meet_stops_the_node(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path, concern: str
 ) -> None:
     async def run() -> None:
@@ -576,7 +573,7 @@ def test_row23_a_write_concern_a_single_server_cannot_meet_stops_the_node(
     asyncio.run(run())
 
 
-def test_row6_a_journal_folder_that_cannot_be_written_stops_the_node(tmp_path: Path) -> None:
+def test_a_journal_folder_that_cannot_be_written_stops_the_node(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
 
@@ -590,7 +587,7 @@ def test_row6_a_journal_folder_that_cannot_be_written_stops_the_node(tmp_path: P
 
 
 @pytest.mark.crawl
-def test_row6_a_journal_folder_that_cannot_be_written_stops_the_crawl(tmp_path: Path) -> None:
+def test_a_journal_folder_that_cannot_be_written_stops_the_crawl(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     with ShopServer(products=5) as shop:

@@ -1,4 +1,4 @@
-"""The end of a crawl: seen the moment nothing is left anywhere, never before (issue 14).
+"""The end of a crawl: seen the moment nothing is left anywhere, never before.
 
 No grace period decides it: a lease is acknowledged only in the round trip that
 enqueues what its page yielded, so "nothing queued, leased, retried or seeded" is

@@ -115,10 +115,10 @@ def test_meta_that_would_run_code_on_nodes_is_refused(spider: ProductsSpider, me
         decode_request(crafted, spider)
 
 
-# -- a payload read back from Redis is a stranger's (issue 12, row 17) -----------------------
+# -- a payload read back from Redis is a stranger's -----------------------------------------------
 
 
-def test_decoding_drops_node_local_meta_from_a_payload_row_17(spider: ProductsSpider) -> None:
+def test_decoding_drops_node_local_meta_from_a_payload(spider: ProductsSpider) -> None:
     forged = json.dumps(
         {
             "url": "http://shop.test/p",
@@ -137,9 +137,7 @@ def test_decoding_drops_node_local_meta_from_a_payload_row_17(spider: ProductsSp
 @pytest.mark.parametrize(
     "callback", ["__init__", "__class__", "name", "custom_settings", "nope", "a b", 5, ["parse"]]
 )
-def test_a_payload_callback_must_name_a_spider_method_row_17(
-    spider: ProductsSpider, callback
-) -> None:
+def test_a_payload_callback_must_name_a_spider_method(spider: ProductsSpider, callback) -> None:
     forged = json.dumps({"url": "http://shop.test/p", "callback": callback})
     with pytest.raises(UnserializableRequestError, match="callback"):
         decode_request(forged, spider)
