@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from project.frontier.codes import START_END as END
+from project.frontier.codes import START_EXTEND as EXTEND
+
 if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.statscollectors import StatsCollector
@@ -12,10 +15,6 @@ if TYPE_CHECKING:
 __all__ = ["StartClaim"]
 
 logger = logging.getLogger(__name__)
-
-#: What a step asks of the claim (options.start of lua/step.lua, lua/step/start.lua).
-EXTEND = "run"
-END = "done"
 
 
 class StartClaim:

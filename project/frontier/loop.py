@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from project.frontier.claim import StartClaim
+from project.frontier.codes import START_END
 from project.frontier.ending import CrawlEnd
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.handover import Handover
@@ -221,7 +222,7 @@ class FrontierLoop:
         # Everything dispatched has left the engine by now.
         self._reconcile(force=True)
         try:
-            while self._enqueue or self.settlements or self.claim.state == "done":
+            while self._enqueue or self.settlements or self.claim.state == START_END:
                 await self._step(closing=True)
             held = [lease.member for lease in self.ledger.undispatched()]
             released = await self.queue.release(held)

@@ -2,7 +2,8 @@
 
 A script opens with a header comment that lists its ``KEYS[n] name`` lines;
 the loader reads the key order from there, gives the script a ``K`` table of
-those names (``K.inflight`` rather than ``KEYS[2]``), and replaces each
+those names (``K.inflight`` rather than ``KEYS[2]``) and a ``CODE`` table of the
+codes shared with Python (project/frontier/codes.py), and replaces each
 ``--@include path`` line with that file of this folder (once per script), so
 a tick is still one EVALSHA. Scripts of other capabilities (the monitor's
 heartbeat) load from their own folder and include from this one. :class:`LuaScript.keys_from` turns a key builder into the KEYS list.
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
+
+from project.frontier.codes import LUA_CODES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -77,7 +80,8 @@ def load(name: str, package: str = __name__) -> LuaScript:
     keys = _key_names(name, text)
     body = _expand(text, set())
     table = ", ".join(f"{key} = KEYS[{n}]" for n, key in enumerate(keys, 1))
-    return LuaScript(name, f"local K = {{{table}}}\n{body}", keys)
+    codes = ", ".join(f"{code} = '{value}'" for code, value in LUA_CODES.items())
+    return LuaScript(name, f"local K = {{{table}}}\nlocal CODE = {{{codes}}}\n{body}", keys)
 
 
 def used_keys(script: LuaScript) -> Sequence[str]:
