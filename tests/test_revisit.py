@@ -14,10 +14,9 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
+from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
 from project.frontier.queue import LeasedQueue, StepBatch
 from project.frontier.revisit import (
-    REVISIT_META_KEY,
-    REVISIT_OUT_META_KEY,
     NotModified,
     RevisitConfig,
     RevisitMiddleware,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from project.frontier.engine import requests_in_progress, wake_engine
+from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, REVISIT_META_KEY, SEED_META_KEY
 from project.frontier.queue import StepBatch
-from project.frontier.revisit import REVISIT_META_KEY, revisit_entries, touch_items
+from project.frontier.revisit import revisit_entries, touch_items
 from project.frontier.seeds import InvalidSeed, preview
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import requests_from_seed
@@ -32,25 +33,9 @@ if TYPE_CHECKING:
     from project.frontier.queue import Leased, LeasedQueue
     from project.storage.deadletters import DeadLetterSink
 
-__all__ = [
-    "LEASE_META_KEY",
-    "OUTCOME_META_KEY",
-    "RETRY_COPY_META_KEY",
-    "SEED_META_KEY",
-    "FrontierLoop",
-]
+__all__ = ["FrontierLoop"]
 
 logger = logging.getLogger(__name__)
-
-#: request.meta key through which middlewares ask for a retry or a dead letter.
-OUTCOME_META_KEY = "_frontier_outcome"
-#: request.meta key of a request this node holds a lease on.
-LEASE_META_KEY = "_frontier_lease"
-#: request.meta key of a request made from a seed: its site is one the crawl may visit.
-SEED_META_KEY = "_frontier_seed"
-#: request.meta key of Scrapy's retry copy of a leased request: the copy travels with
-#: the lease's settlement, not as a request of its own.
-RETRY_COPY_META_KEY = "_frontier_retry_copy"
 
 _BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
 _BACKOFF_MAX = 10.0
