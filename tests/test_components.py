@@ -28,7 +28,7 @@ from scrapy.utils.test import get_crawler
 from project.addon import FleetAddon
 from project.frontier.config import FrontierConfig, RetryConfig, SiteLimits
 from project.frontier.keys import FrontierKeys, KeyTemplates
-from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
+from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
 from project.frontier.retry import FrontierRetryMiddleware
 from project.frontier.robots import (
     CACHED_FLAG,

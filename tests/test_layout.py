@@ -97,6 +97,197 @@ def test_runtime_packages_ship_without_development_tooling() -> None:
             assert "go build" not in text, path
 
 
+# -- imports run one way ------------------------------------------------------------------------
+#
+# Every import counts: at module level, inside a function (an import there that closes a circle
+# is a cycle with a bandage) and under ``if TYPE_CHECKING:`` (a type-only import is still one
+# module knowing another: mypy and the reader follow it). An import names the module it loads:
+# ``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``; the packages' own
+# ``__init__`` that Python runs on the way are not counted.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Edge:
+    path: str  # the importing file, from the repository's root
+    line: int
+    where: str  # "", "in a function" or "under TYPE_CHECKING"
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}" + (f", {self.where}" if self.where else "")
+
+
+def _module_paths(root: Path) -> dict[str, Path]:
+    paths: dict[str, Path] = {}
+    for package in RUNTIME:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.is_relative_to(root / "project" / "templates"):
+                continue  # copied into a new project by `scrapy startproject`: not ours
+            parts = path.relative_to(root).with_suffix("").parts
+            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return paths
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _placed_imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Every import statement of a module, with where it runs."""
+    found: list[tuple[ast.Import | ast.ImportFrom, str]] = []
+    stack: list[tuple[ast.AST, str]] = [(tree, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append((node, where))
+            continue
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack += [(child, where or "under TYPE_CHECKING") for child in node.body]
+            stack += [(child, where) for child in node.orelse]
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            where = where or "in a function"
+        stack += [(child, where) for child in ast.iter_child_nodes(node)]
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, package: str, modules: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            parts = parts[: len(parts) - node.level + 1]
+            base = ".".join([*parts, base] if base else parts)
+        names = [
+            f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+            for alias in node.names
+        ]
+    targets = []
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            targets.append(name)
+    return targets
+
+
+def _import_graph(root: Path) -> dict[str, dict[str, _Edge]]:
+    """``module -> {module it imports: the first import that does}`` over our own modules."""
+    paths = _module_paths(root)
+    graph: dict[str, dict[str, _Edge]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, _Edge] = {}
+        placed = sorted(_placed_imports(ast.parse(path.read_text())), key=lambda p: p[0].lineno)
+        for node, where in placed:
+            for target in _targets(node, package, set(paths)):
+                if target != name and target not in edges:
+                    edges[target] = _Edge(str(path.relative_to(root)), node.lineno, where)
+        graph[name] = edges
+    return graph
+
+
+def _reach(graph: dict[str, dict[str, _Edge]], start: str) -> set[str]:
+    seen, stack = {start}, [start]
+    while stack:
+        for target in graph[stack.pop()]:
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def _cycles(graph: dict[str, dict[str, _Edge]]) -> list[list[str]]:
+    """Every elementary cycle, once, from its first module in sorted order."""
+    reach = {name: _reach(graph, name) for name in graph}
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        # only modules on a circle through start: the walk stays inside its component
+        circle = {name for name in reach[start] if start in reach[name]}
+        stack = [[start]]
+        while stack:
+            path = stack.pop()
+            for target in sorted(graph[path[-1]], reverse=True):
+                if target == start:
+                    found.append(path)
+                elif target > start and target in circle and target not in path:
+                    stack.append([*path, target])
+    return sorted(found)
+
+
+def _describe(graph: dict[str, dict[str, _Edge]], cycles: list[list[str]]) -> str:
+    lines = [f"{len(cycles)} import cycles:"]
+    for cycle in cycles:
+        steps = [cycle[0]]
+        for here, there in zip(cycle, [*cycle[1:], cycle[0]], strict=True):
+            steps.append(f"  -> {there}  ({graph[here][there]})")
+        lines.append("\n".join(steps))
+    return "\n".join(lines)
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = _import_graph(ROOT)
+    cycles = _cycles(graph)
+    assert cycles == [], _describe(graph, cycles)
+
+
+def test_the_cycle_check_sees_imports_in_functions_and_under_type_checking(
+    tmp_path: Path,
+) -> None:
+    """The check itself, on a tree of four modules with a circle of each kind."""
+    package = tmp_path / "project"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from project import b\n")
+    (package / "b.py").write_text("from project.a import f\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from project.d import X\n"
+    )
+    (package / "d.py").write_text("from . import c\nX = 1\n")
+    graph = _import_graph(tmp_path)
+    assert _cycles(graph) == [["project.a", "project.b"], ["project.c", "project.d"]]
+    assert graph["project.a"]["project.b"] == _Edge("project/a.py", 2, "in a function")
+    assert graph["project.c"]["project.d"].where == "under TYPE_CHECKING"
+    assert "project/d.py:1" in _describe(graph, _cycles(graph))
+
+
+#: The frontier's one way into storage/: its dead letters (requests it gave up on, not items)
+#: go to MongoDB through the sink the scheduler owns.
+_FRONTIER_STORAGE = {"project.storage.deadletters"}
+
+
+def test_the_frontier_does_not_reach_into_the_item_store() -> None:
+    """The store hears the frontier through project/frontier/signals.py, never the reverse."""
+    graph = _import_graph(ROOT)
+    reaching = sorted(
+        f"{module} imports {target} ({edge})"
+        for module, edges in graph.items()
+        if module.startswith("project.frontier")
+        for target, edge in edges.items()
+        if target.startswith("project.storage") and target not in _FRONTIER_STORAGE
+    )
+    assert reaching == []
+
+
+def test_the_frontiers_meta_keys_have_one_home() -> None:
+    """project/frontier/meta.py names them; every other module imports the name."""
+    home = ROOT / "project" / "frontier" / "meta.py"
+    spelled = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+        for package in RUNTIME
+        for path in (ROOT / package).rglob("*.py")
+        if path != home
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"_(frontier|fleet)_\w+", node.value)
+    )
+    assert spelled == []
+
+
 # -- one home per default ----------------------------------------------------------------------
 
 

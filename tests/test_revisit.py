@@ -5,32 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
+from project.frontier.dupefilter import FleetDupeFilter
+from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
 from project.frontier.queue import LeasedQueue, StepBatch
 from project.frontier.revisit import (
-    REVISIT_META_KEY,
-    REVISIT_OUT_META_KEY,
     NotModified,
     RevisitConfig,
     RevisitMiddleware,
     parse_duration,
     revisit_entries,
+    touch_items,
 )
+from project.frontier.signals import seen_set_opened
+from project.storage.placement import PlacedItem
+from project.storage.store import MongoStore
 from project.storage.writes import field_changes
 from tests.test_frontier_step import run
+from tests.test_store import make_product
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import redis as sync_redis
+    from pymongo.database import Database
 
     from project.frontier.keys import FrontierKeys
+    from project.ops.services import ServicesConfig
 
 
 class _Spider(Spider):
@@ -230,6 +240,78 @@ def test_a_garbage_record_from_redis_costs_nothing() -> None:
             asyncio.run(middleware.process_response(request, response))
         except NotModified:
             assert isinstance(record, dict)
+
+
+def test_records_are_keyed_by_the_seen_set_the_scheduler_opened() -> None:
+    """Without the fleet's scheduler nothing is recorded; with it, its seen-set's members."""
+    crawler = get_crawler(_Spider, {"FLEET_REVISIT": {".": "1h"}})
+    middleware = RevisitMiddleware.from_crawler(crawler)
+    request = Request("http://s/p/1")
+    response = HtmlResponse(request.url, body=b"<p>x</p>", request=request)
+    assert asyncio.run(middleware.process_response(request, response)) is response
+    assert REVISIT_OUT_META_KEY not in request.meta
+    assert crawler.request_fingerprinter is not None
+    seen_set = FleetDupeFilter(None, "k", crawler.request_fingerprinter)
+    crawler.signals.send_catch_log(seen_set_opened, dupefilter=seen_set)
+    asyncio.run(middleware.process_response(request, response))
+    assert request.meta[REVISIT_OUT_META_KEY]["fp"] == seen_set.fingerprint(request)
+
+
+def _scraped(crawler: Any, item: Any, **record: Any) -> dict[str, Any]:
+    """The record *item*'s page leaves for its next fetch, once *item* was scraped."""
+    request = Request(
+        "http://s/p/1", meta={REVISIT_OUT_META_KEY: {"record": {"items": [], **record}}}
+    )
+    response = HtmlResponse(request.url, body=b"", request=request)
+    crawler.signals.send_catch_log(
+        signals.item_scraped, item=item, response=response, spider=crawler.spider
+    )
+    return dict(request.meta[REVISIT_OUT_META_KEY]["record"])
+
+
+def test_a_stored_item_is_named_in_its_pages_record_by_the_store(tmp_path: Path) -> None:
+    """The record names what the store answers for the item; no store, the record is as it was."""
+    without = _middleware()  # kept: a signal holds its receiver weakly
+    item, validators = {"sku": "1"}, {"etag": '"e"', "lm": "Mon"}
+    assert _scraped(without[1], item, **validators) == {"items": [], **validators}
+    with_store = _middleware(MONGO_JOURNAL_DIR=str(tmp_path / "journal"))
+    crawler = with_store[1]
+    store = MongoStore.from_crawler(crawler)
+    store.remember(item, PlacedItem("item", "things", "id-1", {}, "h", "thing"))
+    assert _scraped(crawler, item, **validators) == {"items": [["things", "id-1"]], **validators}
+    # an item the store cannot name: no validators, so the next fetch parses the page again
+    assert _scraped(crawler, {"sku": "2"}, **validators) == {"items": []}
+
+
+def test_items_the_frontier_names_still_there_are_touched_by_the_store(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    """touch_items (a 304, a page not due) reaches the store through its signal: last_seen moves."""
+
+    async def run() -> tuple[dict[str, Any], Any]:
+        # the pymongo calls block the loop: nothing else runs on it here
+        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
+            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
+        store = MongoStore.from_crawler(crawler)
+        await store.open()
+        await store.save_product(make_product(1))
+        before = mongo.products.find_one()
+        assert before is not None
+        long_ago = datetime(2020, 1, 1, tzinfo=UTC)
+        mongo.products.update_one({"_id": before["_id"]}, {"$set": {"last_seen": long_ago}})
+        records = [json.dumps({"items": [["products", before["_id"]]]}).encode(), b"garbage"]
+        touch_items(crawler, records)
+        deadline = time.monotonic() + 10
+        while not crawler.stats.get_value("mongo/touched") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await store.close()
+        return before, crawler.stats
+
+    before, stats = asyncio.run(run())
+    after = mongo.products.find_one({"_id": before["_id"]})
+    assert stats.get_value("mongo/touched") == 1
+    assert after is not None
+    assert after["last_seen"].replace(tzinfo=UTC) > datetime(2020, 1, 2, tzinfo=UTC)
 
 
 # -- change history --------------------------------------------------------------------

@@ -22,12 +22,12 @@ from project.ops.services import (
     ServiceError,
     ServicesConfig,
     free_port,
-    main,
     start_mongo,
     start_redis,
     status,
     stop_service,
 )
+from project.ops.services_cli import main
 from project.utils import mask_url
 
 if TYPE_CHECKING:

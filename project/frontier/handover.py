@@ -12,8 +12,8 @@ import time
 from typing import TYPE_CHECKING
 
 from project.frontier.ledger import Lease
+from project.frontier.meta import LEASE_META_KEY, REVISIT_META_KEY, SEED_META_KEY
 from project.frontier.rejects import refusal
-from project.frontier.revisit import REVISIT_META_KEY
 from project.frontier.seeds import preview
 from project.frontier.spiders import requests_from_seed
 from project.frontier.wire import decode_request
@@ -54,9 +54,6 @@ class Handover:
         queue: LeasedQueue,
         ledger: PermitLedger,
         settlements: SettlementQueue,
-        *,
-        lease_meta_key: str,
-        seed_meta_key: str,
     ) -> None:
         assert crawler.stats is not None
         self.crawler = crawler
@@ -67,8 +64,6 @@ class Handover:
         self.ledger = ledger
         self.settlements = settlements
         self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
-        self._lease_meta_key = lease_meta_key
-        self._seed_meta_key = seed_meta_key
         self._first_lease = False
 
     def leases(self, leased: list[Leased]) -> None:
@@ -93,7 +88,7 @@ class Handover:
             except Exception as exc:  # noqa: BLE001 (a payload from Redis costs at most itself)
                 self._refuse(member, "payload", "", entry.site, entry.payload, exc)
                 continue
-            request.meta[self._lease_meta_key] = True
+            request.meta[LEASE_META_KEY] = True
             if isinstance(data.get("revisit"), dict):
                 request.meta[REVISIT_META_KEY] = data["revisit"]
             # The downloader gives up before the lease is too old to be held.
@@ -108,7 +103,7 @@ class Handover:
             member = self.queue.seed_member(raw, kind)
             try:
                 for request in requests_from_seed(self.spider, raw):
-                    request.meta[self._seed_meta_key] = True
+                    request.meta[SEED_META_KEY] = True
                     assert self.crawler.engine is not None
                     self.crawler.engine.crawl(request)
             except Exception as exc:  # noqa: BLE001 (a seed from Redis costs at most itself)

@@ -16,6 +16,7 @@ from project.frontier.ending import CrawlEnd
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.handover import Handover
 from project.frontier.ledger import PermitLedger
+from project.frontier.meta import OUTCOME_META_KEY
 from project.frontier.outcomes import count_step, settle_request
 from project.frontier.queue import StepBatch
 from project.frontier.rejects import log_duplicates, log_poisoned
@@ -32,25 +33,9 @@ if TYPE_CHECKING:
     from project.frontier.queue import LeasedQueue, StepResult
     from project.storage.deadletters import DeadLetterSink
 
-__all__ = [
-    "LEASE_META_KEY",
-    "OUTCOME_META_KEY",
-    "RETRY_COPY_META_KEY",
-    "SEED_META_KEY",
-    "FrontierLoop",
-]
+__all__ = ["FrontierLoop"]
 
 logger = logging.getLogger(__name__)
-
-#: request.meta key through which middlewares ask for a retry or a dead letter.
-OUTCOME_META_KEY = "_frontier_outcome"
-#: request.meta key of a request this node holds a lease on.
-LEASE_META_KEY = "_frontier_lease"
-#: request.meta key of a request made from a seed: its site is one the crawl may visit.
-SEED_META_KEY = "_frontier_seed"
-#: request.meta key of Scrapy's retry copy of a leased request: the copy travels with
-#: the lease's settlement, not as a request of its own.
-RETRY_COPY_META_KEY = "_frontier_retry_copy"
 
 _BACKOFF_MIN = 0.5  # seconds between tries while Redis is unreachable or a step fails
 _BACKOFF_MAX = 10.0
@@ -91,16 +76,7 @@ class FrontierLoop:
         self.dead_sink = dead_sink
         self.ledger = PermitLedger(config.concurrency, config.prefetch)
         self.settlements = SettlementQueue()
-        self.handover = Handover(
-            crawler,
-            spider,
-            config,
-            queue,
-            self.ledger,
-            self.settlements,
-            lease_meta_key=LEASE_META_KEY,
-            seed_meta_key=SEED_META_KEY,
-        )
+        self.handover = Handover(crawler, spider, config, queue, self.ledger, self.settlements)
         self.claim = StartClaim(self.stats, spider)
         self.end = CrawlEnd(config.idle_grace, config.keep_alive, spider)
         self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []

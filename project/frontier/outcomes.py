@@ -7,8 +7,9 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from project.frontier.meta import REVISIT_META_KEY
 from project.frontier.rejects import dead_record
-from project.frontier.revisit import REVISIT_META_KEY, revisit_entries, touch_items
+from project.frontier.revisit import revisit_entries, touch_items
 from project.frontier.wire import encode_request
 
 if TYPE_CHECKING:

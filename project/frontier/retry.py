@@ -13,7 +13,7 @@ from scrapy.exceptions import DownloadCancelledError, IgnoreRequest
 from scrapy.utils.response import response_status_message
 
 from project.frontier.config import RetryConfig
-from project.frontier.loop import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
+from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
 
 if TYPE_CHECKING:
     from typing import Self

@@ -18,7 +18,6 @@ grows by two fifths when it did not, within ``FLEET_REVISIT_MIN`` and ``FLEET_RE
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -30,6 +29,8 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from project.config import read_settings, setting
+from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
+from project.frontier.signals import item_stored_ref, items_still_there, seen_set_opened
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -41,9 +42,9 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
+    from project.frontier.dupefilter import FleetDupeFilter
+
 __all__ = [
-    "REVISIT_META_KEY",
-    "REVISIT_OUT_META_KEY",
     "NotModified",
     "RevisitConfig",
     "RevisitLinksMiddleware",
@@ -54,11 +55,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The record of a URL's last fetch, as the frontier handed it out with the revisit.
-REVISIT_META_KEY = "_fleet_revisit"
-#: What this fetch leaves for the next one: sent with the request's acknowledgement.
-REVISIT_OUT_META_KEY = "_fleet_revisit_out"
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -206,26 +202,9 @@ def touch_items(crawler: Crawler, records: list[bytes]) -> None:
             continue
         if isinstance(record, dict):
             refs += _refs(record.get("items"))
-    if not refs:
-        return
-    from project.storage.store import MongoStore
-
-    store = MongoStore.existing(crawler)
-    if store is None:
-        return
-    task = asyncio.ensure_future(store.touch(refs))
-    _pending.add(task)
-    task.add_done_callback(_touched)
-
-
-_pending: set[asyncio.Future[None]] = set()
-
-
-def _touched(task: asyncio.Future[None]) -> None:
-    _pending.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        # the items keep their last_seen: the run's end may call them gone, not lose them
-        logger.error("could not keep %s alive: %s", "items", task.exception())
+    if refs:
+        # the store keeps them (project/frontier/signals.py): no store, nothing to keep
+        crawler.signals.send_catch_log(items_still_there, refs=refs)
 
 
 def revisit_entries(request: Request, site: str, payload: bytes) -> list[tuple[bytes, int, bytes]]:
@@ -298,7 +277,10 @@ class RevisitMiddleware:
         self.crawler = crawler
         self.config = config
         self.stats = stats
+        #: The scheduler's seen-set, once it opened one: revisits are keyed by its members.
+        self._seen_set: FleetDupeFilter | None = None
         crawler.signals.connect(self._item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(self._seen_set_opened, signal=seen_set_opened)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -380,13 +362,12 @@ class RevisitMiddleware:
         # seen, and never fetched itself but through this one: recorded with it
         return (fingerprint, again, redirected[0]) if fingerprint is not None else None
 
-    def _fingerprint(self, request: Request) -> bytes | None:
-        from project.frontier.scheduler import FleetScheduler
+    def _seen_set_opened(self, dupefilter: FleetDupeFilter) -> None:
+        self._seen_set = dupefilter
 
-        scheduler = FleetScheduler.of(self.crawler)
-        if scheduler is None or not hasattr(scheduler, "df"):
-            return None
-        return scheduler.df.fingerprint(request)
+    def _fingerprint(self, request: Request) -> bytes | None:
+        # None without the fleet's scheduler: nothing to key a record by
+        return self._seen_set.fingerprint(request) if self._seen_set is not None else None
 
     @staticmethod
     def _validators(response: Response, record: dict[str, Any]) -> dict[str, Any]:
@@ -404,12 +385,10 @@ class RevisitMiddleware:
         out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
         if not isinstance(out, dict):
             return
-        from project.storage.store import MongoStore
-
-        store = MongoStore.existing(self.crawler)
-        if store is None:
-            return
-        ref = store.stored_ref(item)
+        answers = self.crawler.signals.send_catch_log(item_stored_ref, item=item)
+        if not answers:
+            return  # no store: the page's record keeps what it had
+        ref = next((a for _, a in answers if isinstance(a, tuple)), None)
         record = out["record"]
         if ref is None or len(ref[1]) > _MAX_REF or len(ref[0]) > _MAX_REF:
             # an item it cannot name (a later pipeline made another object, an id too long):

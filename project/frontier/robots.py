@@ -29,6 +29,7 @@ from twisted.internet.defer import Deferred
 from project.config import read_settings, setting
 from project.frontier.config import FrontierConfig, SiteLimits
 from project.frontier.keys import FrontierKeys
+from project.frontier.meta import ROBOTS_LOCK_META_KEY, ROBOTS_SITE_META_KEY
 from project.frontier.sites import SiteResolver, site_of
 from project.frontier.spiders import seed_key
 
@@ -50,10 +51,6 @@ logger = logging.getLogger(__name__)
 
 #: Flag of a robots.txt response that came from the fleet's cache.
 CACHED_FLAG = "fleet-robots-cache"
-_LOCK_META_KEY = "_fleet_robots_lock"
-# The site whose robots.txt a request fetches: meta survives redirects, so a copy that came
-# from https://www.shop/robots.txt is still the one of http://shop.
-_SITE_META_KEY = "_fleet_robots_site"
 
 
 @dataclass(frozen=True)
@@ -132,10 +129,14 @@ class RobotsCacheMiddleware:
 
     async def process_request(self, request: Request) -> Response | None:
         """A cached copy, or None after taking the fleet's fetch lock (or giving up on it)."""
-        if not _is_robots_fetch(request) or self._server is None or _SITE_META_KEY in request.meta:
+        if (
+            not _is_robots_fetch(request)
+            or self._server is None
+            or ROBOTS_SITE_META_KEY in request.meta
+        ):
             return None  # not robots.txt, no Redis, or a redirect of a fetch under way
         netloc = urlparse_cached(request).netloc
-        request.meta[_SITE_META_KEY] = netloc
+        request.meta[ROBOTS_SITE_META_KEY] = netloc
         try:
             cached = await self._cached(request, netloc)
             if cached is not None:
@@ -152,7 +153,7 @@ class RobotsCacheMiddleware:
                 if cached is not None:
                     await _release(lock)
                     return cached
-                request.meta[_LOCK_META_KEY] = lock
+                request.meta[ROBOTS_LOCK_META_KEY] = lock
             # else the holder died or is slow: fetch it ourselves
         except RedisError as exc:
             logger.warning("robots.txt cache unreachable (%s); fetching %s locally", exc, netloc)
@@ -160,10 +161,10 @@ class RobotsCacheMiddleware:
 
     async def process_response(self, request: Request, response: Response) -> Response:
         """Store a fetched robots.txt for the fleet and release the lock."""
-        site = request.meta.get(_SITE_META_KEY)
+        site = request.meta.get(ROBOTS_SITE_META_KEY)
         if site is None or CACHED_FLAG in response.flags or 300 <= response.status < 400:
             return response  # not ours, from the cache, or a redirect still to be followed
-        lock = request.meta.pop(_LOCK_META_KEY, None)
+        lock = request.meta.pop(ROBOTS_LOCK_META_KEY, None)
         if len(response.body) > self.config.max_bytes:
             self.stats.inc_value("robotstxt/truncated")
             response = response.replace(body=response.body[: self.config.max_bytes])
@@ -183,7 +184,7 @@ class RobotsCacheMiddleware:
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         """The fetch failed: let another node try."""
-        lock = request.meta.pop(_LOCK_META_KEY, None)
+        lock = request.meta.pop(ROBOTS_LOCK_META_KEY, None)
         if lock is not None:
             await _release(lock)
 

@@ -29,18 +29,20 @@ from project.frontier.config import FrontierConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import FrontierKeys, KeyTemplates
 from project.frontier.layout import ensure_layout
-from project.frontier.loop import (
+from project.frontier.loop import FrontierLoop
+from project.frontier.meta import (
     LEASE_META_KEY,
     OUTCOME_META_KEY,
     RETRY_COPY_META_KEY,
+    REVISIT_META_KEY,
     SEED_META_KEY,
-    FrontierLoop,
 )
 from project.frontier.politeness import unreachable
 from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
-from project.frontier.revisit import REVISIT_META_KEY, RevisitConfig
+from project.frontier.revisit import RevisitConfig
 from project.frontier.seen import SeenConfig, SeenFormError, ensure_form
+from project.frontier.signals import seen_set_opened
 from project.frontier.sites import (
     SiteResolver,
     is_private_host,
@@ -142,6 +144,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             config.max_deliveries,
         )
         self.df, self._local_filter, self._filtering = self._dupefilters()
+        self.crawler.signals.send_catch_log(seen_set_opened, dupefilter=self.df)
         self.loop = FrontierLoop(
             self.crawler, spider, config, self.queue, DeadLetterSink.from_crawler(self.crawler)
         )

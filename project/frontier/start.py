@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 from scrapy import Request, Spider
 
-from project.frontier.loop import SEED_META_KEY
+from project.frontier.meta import SEED_META_KEY
 from project.frontier.scheduler import FleetScheduler
 
 if TYPE_CHECKING:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
+from project.frontier.meta import NODE_LOCAL_META_KEYS
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
@@ -35,22 +37,7 @@ __all__ = [
 ]
 
 #: Meta keys that only make sense inside one process and are not sent.
-NODE_LOCAL_META = frozenset(
-    {
-        "download_latency",
-        "download_timeout",
-        "_frontier_outcome",
-        "_frontier_lease",
-        "_frontier_seed",
-        "_frontier_retry_copy",
-        # revisits (project/frontier/revisit.py): this fetch's record for the next one (the
-        # last fetch's, _fleet_revisit, travels with a retry: it asks conditionally too)
-        "_fleet_revisit_out",
-        # robots.txt fetches (project/frontier/robots.py): the fleet's fetch lock, its site
-        "_fleet_robots_lock",
-        "_fleet_robots_site",
-    }
-)
+NODE_LOCAL_META = frozenset({"download_latency", "download_timeout"}) | NODE_LOCAL_META_KEYS
 
 _ALLOWED_CLASSES: dict[str, type[Request]] = {
     cls.__module__ + "." + cls.__name__: cls for cls in (Request, FormRequest, JsonRequest)

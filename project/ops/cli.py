@@ -4,7 +4,6 @@ scrapyd nodes."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -12,83 +11,25 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from project.ops import recurring, scrapyd
+from project.ops import recurring, scrapyd, services_cli
+from project.ops.common import (
+    CommandError,
+    frontier_keys,
+    positive_int,
+    positive_seconds,
+    project_settings,
+    redis_client,
+    redis_errors,
+    redis_target,
+    tcp_port,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
-    from project.frontier.connection import RedisTarget
-
-__all__ = ["CommandError", "main"]
+__all__ = ["main"]
 
 logger = logging.getLogger(__name__)
-
-
-class CommandError(Exception):
-    """A command could not do its job: one line for the user, and the exit status."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    """The project's settings, with ``-s NAME=VALUE`` on top (as ``scrapy crawl`` takes them)."""
-    from scrapy.utils.project import get_project_settings
-
-    settings = get_project_settings()
-    for pair in getattr(args, "set", None) or []:
-        name, _, value = pair.partition("=")
-        settings.set(name, value, priority="cmdline")
-    return settings
-
-
-def _keys(settings: Any, spider: str) -> Any:
-    from project.frontier.keys import FrontierKeys
-
-    return FrontierKeys.for_project_spider(settings, spider)
-
-
-def _redis_target(settings: Any) -> RedisTarget:
-    """The fleet's Redis as the settings name it: one server, a cluster or Sentinel's master."""
-    from project.frontier.config import FrontierConfig
-
-    return FrontierConfig.from_settings(settings).target
-
-
-def _redis(target: RedisTarget) -> Any:
-    """A blocking client of *target* (no I/O yet); a malformed REDIS_URL is a CommandError."""
-    try:
-        return target.sync_client(socket_connect_timeout=5, socket_timeout=30)
-    except ValueError as exc:
-        raise CommandError(f"REDIS_URL {target.describe()} is not a Redis URL: {exc}", 2) from exc
-
-
-@contextlib.contextmanager
-def _redis_errors(target: RedisTarget) -> Iterator[None]:
-    """Redis failures as one line that says what failed and what to do."""
-    from redis.exceptions import AuthenticationError, RedisError, ResponseError
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    where = f"Redis at {target.describe()}"
-    try:
-        yield
-    except AuthenticationError as exc:
-        raise CommandError(
-            f"{where} refused the credentials ({exc}): put the right password in REDIS_URL"
-            " (redis://:PASSWORD@host:6379/0)"
-        ) from exc
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise CommandError(
-            f"{where} is unreachable ({exc}): start it (fleetcrawl services start)"
-            " or point REDIS_URL at it"
-        ) from exc
-    except ResponseError as exc:
-        hint = "put the password in REDIS_URL" if "NOAUTH" in str(exc) else "check REDIS_URL"
-        raise CommandError(f"{where} answered with an error ({exc}): {hint}") from exc
-    except RedisError as exc:
-        raise CommandError(f"{where} failed: {exc}") from exc
 
 
 def _json(data: Any) -> str:
@@ -102,11 +43,11 @@ def _status(args: argparse.Namespace) -> int:
     from project.monitoring.console import render, watch
     from project.monitoring.status import StatusReader
 
-    settings = _settings(args)
-    target = _redis_target(settings)
-    _redis(target).close()  # a malformed REDIS_URL is named before anything else
+    settings = project_settings(args)
+    target = redis_target(settings)
+    redis_client(target).close()  # a malformed REDIS_URL is named before anything else
     reader = StatusReader.from_settings(settings, args.spider, sites=args.sites)
-    with _redis_errors(target):
+    with redis_errors(target):
         if args.watch:
             if watch(reader, args.interval):
                 raise CommandError(f"Redis at {target.describe()} was unreachable at the last read")
@@ -128,10 +69,10 @@ def _status(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     from project.monitoring.dashboard import serve
 
-    settings = _settings(args)
-    target = _redis_target(settings)
-    _redis(target).close()
-    with _redis_errors(target):
+    settings = project_settings(args)
+    target = redis_target(settings)
+    redis_client(target).close()
+    with redis_errors(target):
         try:
             return serve(settings, args.spider, args.host, args.port)
         except OSError as exc:
@@ -147,10 +88,10 @@ def _failures(args: argparse.Namespace) -> int:
     from project.monitoring.console import printable
     from project.monitoring.status import read_dead_letters
 
-    settings = _settings(args)
-    target = _redis_target(settings)
-    client, keys = _redis(target), _keys(settings, args.spider)
-    with _redis_errors(target):
+    settings = project_settings(args)
+    target = redis_target(settings)
+    client, keys = redis_client(target), frontier_keys(settings, args.spider)
+    with redis_errors(target):
         if args.action == "list":
             records = read_dead_letters(client, keys, args.limit)
             if args.json:
@@ -182,16 +123,7 @@ def _failures(args: argparse.Namespace) -> int:
 
 
 def _services(args: argparse.Namespace) -> int:
-    from project.ops import services
-
-    return services.main(args.rest)
-
-
-def _port(text: str) -> int:
-    value = scrapyd.positive_int(text) if text.isdigit() else -1
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
-    return value
+    return services_cli.main(args.rest)
 
 
 def _setting_option(command: argparse.ArgumentParser) -> None:
@@ -208,21 +140,21 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C")
     status.add_argument(
-        "--interval", type=scrapyd.positive_seconds, default=2.0, help="seconds between redraws"
+        "--interval", type=positive_seconds, default=2.0, help="seconds between redraws"
     )
     status.add_argument(
-        "--sites", type=scrapyd.positive_int, default=20, help="sites listed, the busiest first"
+        "--sites", type=positive_int, default=20, help="sites listed, the busiest first"
     )
     status.set_defaults(func=_status)
     dashboard = sub.add_parser("dashboard", help="web dashboard with charts and /metrics")
-    dashboard.add_argument("--port", type=_port, default=8050)
+    dashboard.add_argument("--port", type=tcp_port, default=8050)
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
     dashboard.add_argument("--spider", default="products")
     dashboard.set_defaults(func=_dashboard)
     failures = sub.add_parser("failures", help="list, retry or purge dead letters")
     failures.add_argument("action", choices=["list", "retry", "purge"])
     failures.add_argument("--spider", default="products")
-    failures.add_argument("--limit", type=scrapyd.positive_int, default=100)
+    failures.add_argument("--limit", type=positive_int, default=100)
     failures.add_argument("--json", action="store_true")
     failures.set_defaults(func=_failures)
     for command in (status, dashboard, failures):

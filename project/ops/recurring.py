@@ -9,10 +9,19 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from project.ops.common import (
+    CommandError,
+    frontier_keys,
+    project_settings,
+    redis_client,
+    redis_errors,
+    redis_target,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["register"]
+__all__ = ["every", "register"]
 
 
 def _since(text: str) -> timedelta:
@@ -46,9 +55,7 @@ def _plain(value: Any) -> Any:
 def _changes(args: argparse.Namespace) -> int:
     from pymongo.errors import PyMongoError
 
-    from project.ops.cli import CommandError, _settings
-
-    client, config = _mongo(_settings(args), args.spider)
+    client, config = _mongo(project_settings(args), args.spider)
     query: dict[str, Any] = {"at": {"$gte": datetime.now(UTC) - args.since}}
     if args.spider_only:
         query["spider"] = args.spider
@@ -82,10 +89,9 @@ def _changes(args: argparse.Namespace) -> int:
 def _runs(args: argparse.Namespace) -> int:
     from pymongo.errors import PyMongoError
 
-    from project.ops.cli import CommandError, _settings
     from project.runs.report import render_report
 
-    client, config = _mongo(_settings(args), args.spider)
+    client, config = _mongo(project_settings(args), args.spider)
     try:
         with client:
             runs = list(
@@ -112,11 +118,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _seen(args: argparse.Namespace) -> int:
     from project.frontier.seen import SeenConfig, migrate, stored_form
-    from project.ops.cli import _keys, _redis_errors, _redis_target, _settings
 
-    settings = _settings(args)
-    keys = _keys(settings, args.spider)
-    target = _redis_target(settings)
+    settings = project_settings(args)
+    keys = frontier_keys(settings, args.spider)
+    target = redis_target(settings)
 
     async def work() -> int:
 
@@ -142,20 +147,19 @@ def _seen(args: argparse.Namespace) -> int:
         finally:
             await server.aclose()  # a cluster's client is no redis.asyncio.Redis
 
-    with _redis_errors(target):
+    with redis_errors(target):
         return asyncio.run(work())
 
 
 def _push_seeds(args: argparse.Namespace) -> None:
     """``redis-cli lpush <spider>:start_urls`` of each ``--seed``, with the project's keys."""
     from project.frontier.keys import FrontierKeys
-    from project.ops.cli import _redis, _redis_errors, _redis_target, _settings
 
-    settings = _settings(argparse.Namespace(set=args.settings))
+    settings = project_settings(argparse.Namespace(set=args.settings))
     keys = FrontierKeys.for_project_spider(settings, args.spider)
-    target = _redis_target(settings)
-    with _redis_errors(target):
-        client = _redis(target)
+    target = redis_target(settings)
+    with redis_errors(target):
+        client = redis_client(target)
         try:
             client.lpush(keys.start_urls, *args.seed)
         finally:

@@ -31,6 +31,8 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 from urllib.request import Request, urlopen
 
+from project.ops.common import positive_int, positive_seconds
+from project.ops.recurring import every
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -412,8 +414,6 @@ def _schedule_command(args: argparse.Namespace) -> int:
         started.clear()
         return _for_each(nodes, start_jobs)
 
-    from project.ops.recurring import every
-
     return every(args, one_round, running)
 
 
@@ -448,17 +448,6 @@ def _setting(text: str) -> str:
     return text
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a whole number of at least 1 (the CLI's too)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
-
-
 def _duration(text: str) -> float:
     from scrapy.exceptions import NotConfigured
 
@@ -471,17 +460,6 @@ def _duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError("--every must be above 0")
     return seconds
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type of a finite number of seconds above 0 (the CLI's too)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

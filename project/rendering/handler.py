@@ -1,4 +1,9 @@
-"""scrapy-playwright's download handler, with a bound on every render."""
+"""scrapy-playwright's download handler, with a bound on every render.
+
+The bound overrides scrapy-playwright's private ``_download_request_with_page``:
+``tests/test_rendering_contract.py`` fails with what to do when a release changes it,
+and pyproject.toml admits only the releases that test passed on.
+"""
 
 from __future__ import annotations
 

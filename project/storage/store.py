@@ -21,6 +21,7 @@ from pymongo.write_concern import WriteConcern
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
+from project.frontier.signals import item_stored_ref, items_still_there
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.documents import MAX_BSON_SIZE
 from project.storage.errors import (
@@ -95,6 +96,7 @@ class MongoStore:
         self._flush_queued = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._touches: set[asyncio.Future[None]] = set()
         self._recovery: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._journaling = False
@@ -124,6 +126,9 @@ class MongoStore:
             assert crawler.stats is not None
             store = _stores[crawler] = cls(config, crawler.stats)
             crawler.signals.connect(store.crawl_closed, signal=signals.spider_closed)
+            # the frontier names the items it knows still there; the store keeps them
+            crawler.signals.connect(store.stored_ref, signal=item_stored_ref)
+            crawler.signals.connect(store.keep_alive, signal=items_still_there)
         return store
 
     @staticmethod
@@ -146,6 +151,18 @@ class MongoStore:
         """(collection, _id) *item* was stored under, once."""
         found = self._refs.pop(id(item), None)
         return found[1] if found is not None and found[0] is item else None
+
+    def keep_alive(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Touch *refs* in the background (``items_still_there``): the sender does not wait."""
+        task = asyncio.ensure_future(self.touch(refs))
+        self._touches.add(task)
+        task.add_done_callback(self._touched)
+
+    def _touched(self, task: asyncio.Future[None]) -> None:
+        self._touches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the items keep their last_seen: the run's end may call them gone, not lose them
+            logger.error("could not keep %s alive: %s", "items", task.exception())
 
     async def touch(self, refs: Sequence[tuple[str, str]], *, seen: float | None = None) -> None:
         """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""

@@ -1,0 +1,52 @@
+"""The ``request.meta`` keys through which the frontier's components talk about a request.
+
+One home for them: the scheduler, its loop, the retry, revisit and robots middlewares and the
+wire read them from here, and none of those has to import another to learn a key's name.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LEASE_META_KEY",
+    "NODE_LOCAL_META_KEYS",
+    "OUTCOME_META_KEY",
+    "RETRY_COPY_META_KEY",
+    "REVISIT_META_KEY",
+    "REVISIT_OUT_META_KEY",
+    "ROBOTS_LOCK_META_KEY",
+    "ROBOTS_SITE_META_KEY",
+    "SEED_META_KEY",
+]
+
+#: Through which middlewares ask for a retry or a dead letter.
+OUTCOME_META_KEY = "_frontier_outcome"
+#: Of a request this node holds a lease on.
+LEASE_META_KEY = "_frontier_lease"
+#: Of a request made from a seed: its site is one the crawl may visit.
+SEED_META_KEY = "_frontier_seed"
+#: Of Scrapy's retry copy of a leased request: the copy travels with the lease's
+#: settlement, not as a request of its own.
+RETRY_COPY_META_KEY = "_frontier_retry_copy"
+#: The record of a URL's last fetch, as the frontier handed it out with the revisit
+#: (it travels with a retry: the retry asks conditionally too).
+REVISIT_META_KEY = "_fleet_revisit"
+#: What this fetch leaves for the next one: sent with the request's acknowledgement.
+REVISIT_OUT_META_KEY = "_fleet_revisit_out"
+#: The fleet's fetch lock of a robots.txt request.
+ROBOTS_LOCK_META_KEY = "_fleet_robots_lock"
+#: The site whose robots.txt a request fetches: meta survives redirects, so a copy that came
+#: from https://www.shop/robots.txt is still the one of http://shop.
+ROBOTS_SITE_META_KEY = "_fleet_robots_site"
+
+#: The keys above that only make sense inside one process: never sent through Redis.
+NODE_LOCAL_META_KEYS = frozenset(
+    {
+        OUTCOME_META_KEY,
+        LEASE_META_KEY,
+        SEED_META_KEY,
+        RETRY_COPY_META_KEY,
+        REVISIT_OUT_META_KEY,
+        ROBOTS_LOCK_META_KEY,
+        ROBOTS_SITE_META_KEY,
+    }
+)

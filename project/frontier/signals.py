@@ -1,0 +1,23 @@
+"""Signals the frontier sends: to its own middlewares, and to whoever keeps a page's items.
+
+They let a component hear from another without importing it: the revisit middleware learns
+the scheduler's seen-set, and the item store (``project/storage/store.py`` connects in
+``from_crawler``) hears which items to keep, so nothing in the frontier imports the store.
+"""
+
+from __future__ import annotations
+
+__all__ = ["item_stored_ref", "items_still_there", "seen_set_opened"]
+
+#: The fleet scheduler opened its seen-set: ``dupefilter``, the FleetDupeFilter whose
+#: ``fingerprint(request)`` names a request there (revisit records are keyed by it).
+seen_set_opened = object()
+
+#: Items still on their page though it was not parsed again (a 304, or a page still linked
+#: but not due): ``refs``, their (collection, _id) pairs. A receiver moves their
+#: ``last_seen`` in the background; it does not block the sender.
+items_still_there = object()
+
+#: Sent once an item was scraped, with ``item``: a receiver that stored it returns the
+#: (collection, _id) it is stored under, or None when it cannot name it.
+item_stored_ref = object()
