@@ -226,7 +226,7 @@ def test_deploy_builds_one_egg_for_every_node_and_leaves_the_tree_clean(scrapyds
     assert "project/templates/spiders/fleet.tmpl" in names
     assert not [name for name in names if name.startswith("tests/")]
     assert not [name for name in names if name.startswith("project/ops/")], "tooling shipped"
-    assert {"project/frontier/lua/step.lua", "project/frontier/lua/step/lease.lua",
+    assert {"project/frontier/lua/step.lua", "project/frontier/lua/step/walk.lua",
             "project/frontier/lua/lib/site_queues.lua", "project/monitoring/heartbeat.lua",
             "project/monitoring/static/index.html"} <= set(names)  # fmt: skip
 

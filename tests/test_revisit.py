@@ -137,7 +137,7 @@ def test_a_seen_url_goes_again_once_due_with_its_record_and_once_per_run(
                                revisits=[_record(1, 1), _record(2, 3_600_000)]))  # fmt: skip
         await asyncio_sleep(0.01)
         again = await a.step(StepBatch(enqueue=[_entry(1), _entry(2)], want=5))
-        assert (again.added, again.duplicates, again.revisits) == (1, 1, (1, 0))
+        assert (again.added, again.duplicates, again.rediscovered, again.handed_out) == (1, 1, 1, 0)
         (revisit,) = [x for x in again.leased if b"revisit" in x.payload]
         assert json.loads(revisit.payload) == {"url": "http://s/1", "revisit": {"etag": '"v1"'}}
         # fetched in run 1; in run 2 it goes once, and a second rediscovery finds it queued
@@ -145,7 +145,7 @@ def test_a_seen_url_goes_again_once_due_with_its_record_and_once_per_run(
         await a.step(StepBatch(revisits=[_record(3, 1)]))
         redis_client.hset(keys.runs, "id", "run-2")
         await asyncio_sleep(0.01)
-        assert (await a.step(StepBatch(enqueue=[_entry(3)]))).revisits == (1, 0)
+        assert (await a.step(StepBatch(enqueue=[_entry(3)]))).rediscovered == 1
         await asyncio_sleep(0.01)
         assert (await a.step(StepBatch(enqueue=[_entry(3)]))).duplicates == 1
         # interval 0: the URL left its policy, its record goes
@@ -166,12 +166,15 @@ def test_maintenance_hands_out_due_revisits_and_drops_garbage_records(
         await asyncio_sleep(0.35)
         # the garbage first (score 0): dropped, not handed out
         result = await a.step(StepBatch(maintain=True, revisit_due=4, want=10))
-        assert result.revisits == (0, 2)
+        assert (result.rediscovered, result.handed_out) == (0, 2)
         assert redis_client.zscore(keys.due, b"junk") is None
         assert not redis_client.hexists(keys.revisit, b"fp9")
         result = await a.step(StepBatch(maintain=True, revisit_due=100, want=10))
-        assert result.revisits == (0, 3)  # the two handed out are due again 300 ms later
-        assert (await a.step(StepBatch(maintain=True, revisit_due=100))).revisits == (0, 0)
+        assert (result.rediscovered, result.handed_out) == (
+            0,
+            3,
+        )  # the two handed out are due again 300 ms later
+        assert (await a.step(StepBatch(maintain=True, revisit_due=100))).handed_out == 0
 
     run(redis_url, keys, scenario)
 

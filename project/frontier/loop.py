@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from project.frontier.config import FrontierConfig
-    from project.frontier.queue import LeasedQueue, StepResult
+    from project.frontier.queue import Counts, LeasedQueue, StepResult
     from project.storage.deadletters import DeadLetterSink
 
 __all__ = ["FrontierLoop"]
@@ -84,7 +84,7 @@ class FrontierLoop:
         self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
         self._next_wake: float | None = None  # monotonic time a throttled site may go
         self._seeds_maybe = True
-        self._counts: tuple[int, int, int, int, int] | None = None
+        self._counts: Counts | None = None
         self._dupe_logged = False  # Scrapy logs the first duplicate, or all with DUPEFILTER_DEBUG
         self._last_step = 0.0
         self._held_back = False  # pop() refused to dispatch while no step confirmed the permits
@@ -402,7 +402,7 @@ class FrontierLoop:
             self._counts = result.counts
         if batch.maintain:
             self._last_maintenance = now
-            self._seeds_maybe = self._seeds_maybe or bool(result.counts and result.counts[3])
+            self._seeds_maybe = self._seeds_maybe or bool(result.counts and result.counts.seeds)
             if result.reaped:
                 logger.warning(
                     "Put back %d expired leases of dead or stalled nodes",

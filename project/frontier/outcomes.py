@@ -74,8 +74,8 @@ def count_step(stats: StatsCollector, batch: StepBatch, result: StepResult) -> N
         "frontier/duplicates": result.duplicates,
         "dupefilter/filtered": result.duplicates,
         "revisit/recorded": len(batch.revisits),
-        "revisit/rediscovered": result.revisits[0],
-        "revisit/due": result.revisits[1],
+        "revisit/rediscovered": result.rediscovered,
+        "revisit/due": result.handed_out,
         "revisit/not_due": len(result.still_linked),
     }
     if batch.maintain:

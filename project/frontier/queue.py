@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from scrapy_redis.queue import Base
 
 from project.frontier import lua
+from project.frontier.codes import MEMBER_REQUEST, SEEDS_LIST
 from project.frontier.wire import decode_request, encode_request
 
 if TYPE_CHECKING:
@@ -18,7 +19,62 @@ if TYPE_CHECKING:
     from project.frontier.config import SiteLimits
     from project.frontier.keys import FrontierKeys
 
-__all__ = ["Leased", "LeasedQueue", "StepBatch", "StepResult"]
+__all__ = ["REPLY", "SECTIONS", "Counts", "Leased", "LeasedQueue", "StepBatch", "StepResult"]
+
+#: The step's ARGV sections, in ARGV order: (name, StepBatch attribute, the fields of one
+#: entry). Sent to the script as options.sections (lua/lib/sections.lua); each phase's
+#: header names its section's fields (tests/test_lua_wire.py holds them together).
+SECTIONS: Final = (
+    ("enqueue", "enqueue", ("fingerprint", "site", "priority", "payload", "scope")),
+    ("ack", "acks", ("member",)),
+    ("retry", "retries", ("member", "delay_ms", "site", "payload")),
+    ("dead", "dead", ("member", "record")),
+    ("revisit", "revisits", ("fingerprint", "interval_ms", "record")),
+    ("heartbeat", "heartbeat", ("member",)),
+    ("give_back", "give_back", ("site", "permits")),
+    ("pause", "pauses", ("site", "pause_ms")),
+    ("latency", "latency", ("site", "seconds", "samples")),
+    ("ahead", "ahead", ("site", "requests", "permits", "held", "spare")),
+)
+
+#: The names of the step's reply, name/value pairs (lua/step.lua's header).
+REPLY: Final = (
+    "added",
+    "duplicates",
+    "offsite",
+    "duplicate_at",
+    "rediscovered",
+    "still_linked",
+    "stale",
+    "reaped",
+    "promoted",
+    "poisoned",
+    "handed_out",
+    "leased",
+    "permits",
+    "shares",
+    "rejoined",
+    "seeds",
+    "seeds_kind",
+    "start_held",
+    "counts",
+    "wait_ms",
+)
+
+_MEMBER_REQUEST = MEMBER_REQUEST.encode()
+_LEASED_WIDTH = 3  # site, payload, score
+_PERMITS_WIDTH = 2  # site, n
+_SHARES_WIDTH = 3  # site, share, back
+
+
+class Counts(NamedTuple):
+    """The fleet's work, as a step counted it."""
+
+    queued: int
+    delayed: int
+    inflight: int
+    seeds: int
+    starting: int  # 1 while a node runs start()
 
 
 @dataclass
@@ -55,7 +111,7 @@ class StepBatch:
     maintain: bool = False
     #: Return the counts without maintenance (an idle node looking for the end).
     count: bool = False
-    #: "run": extend this node's claim on the spider's start(); "done": end it (lua/start.lua)
+    #: START_EXTEND: extend this node's claim on start(); START_END: end it (lua/step/start.lua)
     start: str | None = None
     #: Ask where the duplicates are in ``enqueue`` (to log them).
     list_dupes: bool = False
@@ -82,7 +138,7 @@ class StepResult:
     seeds: list[bytes]
     reaped: int
     promoted: int
-    counts: tuple[int, int, int, int, int] | None  # queued, delayed, inflight, seeds, starting
+    counts: Counts | None  # with maintenance or a count
     #: Milliseconds until the next throttled site may go, by Redis' clock.
     next_wake_ms: int | None
     #: Dead-letter records of entries whose leases expired FRONTIER_MAX_DELIVERIES times.
@@ -95,16 +151,18 @@ class StepResult:
     start_held: bool = False
     #: Positions in the batch's ``enqueue`` of the duplicates, when asked.
     duplicate_at: list[int] = field(default_factory=list)
-    #: "S": the seeds came from a list, "T": from a set (see :meth:`LeasedQueue.seed_member`).
-    seeds_kind: str = "S"
+    #: SEEDS_LIST: the seeds came from a list, SEEDS_SET: from a set (their in-flight members).
+    seeds_kind: str = SEEDS_LIST
     #: Download permits granted with the leases: (site, n).
     permits: list[tuple[str, int]] = field(default_factory=list)
     #: This node's share of the cap of each site it named in ``ahead`` (0: no cap).
     shares: dict[str, int] = field(default_factory=dict)
     #: Spare permits of the sites named in ``ahead`` that went back: (site, n).
     spare_back: list[tuple[str, int]] = field(default_factory=list)
-    #: Seen URLs queued again because their revisit was due: rediscovered, handed out.
-    revisits: tuple[int, int] = (0, 0)
+    #: Seen URLs queued again because their revisit was due, when rediscovered.
+    rediscovered: int = 0
+    #: Due revisits maintenance queued (FRONTIER_KEEP_ALIVE).
+    handed_out: int = 0
     #: Records of URLs rediscovered before their revisit is due: their items are still there.
     still_linked: list[bytes] = field(default_factory=list)
     #: This node was no permit holder when the step began (its first step, or it stalled
@@ -176,18 +234,9 @@ class LeasedQueue(Base):  # type: ignore[misc]
                 "min_rate": lim.min_rate,
                 "start_rate": lim.start_rate,
             },
-            "counts": {
-                "enqueue": len(batch.enqueue),
-                "ack": len(batch.acks),
-                "retry": len(batch.retries),
-                "dead": len(batch.dead),
-                "revisit": len(batch.revisits),
-                "heartbeat": len(batch.heartbeat),
-                "give_back": len(batch.give_back),
-                "pause": len(batch.pauses),
-                "latency": len(batch.latency),
-                "ahead": len(batch.ahead),
-            },
+            "sections": [
+                [name, len(getattr(batch, attr)), fields] for name, attr, fields in SECTIONS
+            ],
         }
         if batch.count:
             options["count"] = True
@@ -206,71 +255,15 @@ class LeasedQueue(Base):  # type: ignore[misc]
     async def step(self, batch: StepBatch) -> StepResult:
         """Run one atomic frontier step (lua/step.lua): enqueue, settle, heartbeat, lease."""
         argv: list[Any] = [self._options(batch)]
-        for entry in batch.enqueue:
-            argv += entry
-        argv += batch.acks
-        for retry in batch.retries:
-            argv += retry
-        for dead in batch.dead:
-            argv += dead
-        for revisit in batch.revisits:
-            argv += revisit
-        argv += batch.heartbeat
-        for give_back in batch.give_back:
-            argv += give_back
-        for pause in batch.pauses:
-            argv += pause
-        for sample in batch.latency:
-            argv += sample
-        for ahead in batch.ahead:
-            argv += ahead
+        for _, attr, fields in SECTIONS:
+            entries = getattr(batch, attr)
+            if len(fields) == 1:
+                argv += entries
+            else:
+                for entry in entries:
+                    argv += entry
         keys = self._scripts["step"].keys_from(self.keys)
-        reply = await self._step(keys=keys, args=argv)
-        added, dupes, leased, seeds, reaped, promoted, counts, wake, poisoned, stale, offsite = (
-            reply[:11]
-        )
-        return StepResult(
-            added=int(added),
-            duplicates=int(dupes),
-            leased=[
-                # A site is what the node enqueued; bytes that are not UTF-8 survive as written.
-                Leased(
-                    leased[j].decode("utf-8", "surrogateescape"),
-                    leased[j + 1],
-                    float(leased[j + 2]),
-                )
-                for j in range(0, len(leased), 3)
-            ],
-            seeds=list(seeds),
-            reaped=int(reaped),
-            promoted=int(promoted),
-            counts=(int(counts[0]), int(counts[1]), int(counts[2]), int(counts[3]), int(counts[4]))
-            if counts
-            else None,
-            next_wake_ms=None if wake is None else int(wake),
-            poisoned=list(poisoned),
-            stale=int(stale),
-            offsite=int(offsite),
-            start_held=bool(reply[11]),
-            seeds_kind=reply[13].decode() if isinstance(reply[13], bytes) else str(reply[13]),
-            duplicate_at=[int(i) for i in reply[12]],
-            permits=[
-                (reply[14][j].decode("utf-8", "surrogateescape"), int(reply[14][j + 1]))
-                for j in range(0, len(reply[14]), 2)
-            ],
-            shares={
-                reply[15][j].decode("utf-8", "surrogateescape"): int(reply[15][j + 1])
-                for j in range(0, len(reply[15]), 3)
-            },
-            spare_back=[
-                (reply[15][j].decode("utf-8", "surrogateescape"), int(reply[15][j + 2]))
-                for j in range(0, len(reply[15]), 3)
-                if int(reply[15][j + 2])
-            ],
-            revisits=(int(reply[16][0]), int(reply[16][1])),
-            still_linked=list(reply[17]),
-            rejoined=bool(reply[18]),
-        )
+        return _decode_reply(await self._step(keys=keys, args=argv))
 
     async def claim_start(self, *, new_crawl: bool) -> str:
         """Ask for the spider's start() (lua/start.lua): ``claimed``, ``running`` or ``done``."""
@@ -289,11 +282,12 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
     def request_member(self, site: str, payload: bytes) -> bytes:
         """The in-flight member under which this node holds *payload* of *site*."""
-        return self.member_prefix + b"R" + site.encode("utf-8", "surrogateescape") + b"\n" + payload
+        site_bytes = site.encode("utf-8", "surrogateescape")
+        return self.member_prefix + _MEMBER_REQUEST + site_bytes + b"\n" + payload
 
-    def seed_member(self, raw: bytes, kind: str = "S") -> bytes:
-        """The in-flight member under which this node holds the raw seed *raw* (*kind*: "S"
-        for a seed of the list, "T" of the set, as the step took it)."""
+    def seed_member(self, raw: bytes, kind: str = SEEDS_LIST) -> bytes:
+        """The in-flight member under which this node holds the raw seed *raw* (*kind*:
+        SEEDS_LIST for a seed of the list, SEEDS_SET of the set, as the step took it)."""
         return self.member_prefix + kind.encode() + raw
 
     def __len__(self) -> int:
@@ -304,3 +298,50 @@ class LeasedQueue(Base):  # type: ignore[misc]
 
     def pop(self, timeout: int = 0) -> None:
         raise TypeError("LeasedQueue leases instead of popping: use FleetScheduler")
+
+
+def _text(value: bytes) -> str:
+    # A site is what the node enqueued; bytes that are not UTF-8 survive as written.
+    return value.decode("utf-8", "surrogateescape")
+
+
+def _decode_reply(raw: list[Any]) -> StepResult:
+    """lua/step.lua's reply, name/value pairs, by name."""
+    reply = {_text(raw[j]): raw[j + 1] for j in range(0, len(raw), 2)}
+    leased, permits, shares = reply["leased"], reply["permits"], reply["shares"]
+    counts = reply["counts"]
+    wait = reply["wait_ms"]
+    return StepResult(
+        added=int(reply["added"]),
+        duplicates=int(reply["duplicates"]),
+        leased=[
+            Leased(_text(leased[j]), leased[j + 1], float(leased[j + 2]))
+            for j in range(0, len(leased), _LEASED_WIDTH)
+        ],
+        seeds=list(reply["seeds"]),
+        reaped=int(reply["reaped"]),
+        promoted=int(reply["promoted"]),
+        counts=Counts(**{_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)})
+        if counts
+        else None,
+        next_wake_ms=None if wait is None else int(wait),
+        poisoned=list(reply["poisoned"]),
+        stale=int(reply["stale"]),
+        offsite=int(reply["offsite"]),
+        start_held=bool(reply["start_held"]),
+        duplicate_at=[int(i) for i in reply["duplicate_at"]],
+        seeds_kind=_text(reply["seeds_kind"]),
+        permits=[
+            (_text(permits[j]), int(permits[j + 1])) for j in range(0, len(permits), _PERMITS_WIDTH)
+        ],
+        shares={_text(shares[j]): int(shares[j + 1]) for j in range(0, len(shares), _SHARES_WIDTH)},
+        spare_back=[
+            (_text(shares[j]), int(shares[j + 2]))
+            for j in range(0, len(shares), _SHARES_WIDTH)
+            if int(shares[j + 2])
+        ],
+        rediscovered=int(reply["rediscovered"]),
+        handed_out=int(reply["handed_out"]),
+        still_linked=list(reply["still_linked"]),
+        rejoined=bool(reply["rejoined"]),
+    )

@@ -25,6 +25,16 @@ from scrapy_redis.scheduler import Scheduler
 from scrapy_redis.spiders import RedisMixin
 
 from project.frontier import lua
+from project.frontier.codes import (
+    MODE_ALWAYS,
+    MODE_FILTER,
+    MODE_REVISIT,
+    MODE_SEED,
+    SCOPE_ALLOWED,
+    SCOPE_ANY,
+    SCOPE_REDIRECT,
+    SCOPE_SEED,
+)
 from project.frontier.config import FrontierConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import FrontierKeys, KeyTemplates
@@ -398,15 +408,16 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             raise
         # Requests that skip the filter still mark their URL as seen; seeds and start()'s
         # requests skip it to be fetched again in the next crawl run, but once in each.
-        mode = b"m" if request.dont_filter or not self._filtering else b"f"
-        if seed and mode == b"m" and self._filtering:
-            mode = b"s"
-        if mode == b"f" and self._revisit is not None and self._revisit.interval(request) > 0:
-            mode = b"r"  # seen, but fetched again once its revisit is due
+        mode = MODE_ALWAYS if request.dont_filter or not self._filtering else MODE_FILTER
+        if seed and mode == MODE_ALWAYS and self._filtering:
+            mode = MODE_SEED
+        revisit = self._revisit
+        if mode == MODE_FILTER and revisit is not None and revisit.interval(request) > 0:
+            mode = MODE_REVISIT  # seen, but fetched again once its revisit is due
         url_site = site_of(request.url)
         site = self._slot_of(request) or url_site
         scope = self._scope(request, url_site, seed)
-        if site != url_site and scope in ("+", "="):
+        if site != url_site and scope in (SCOPE_SEED, SCOPE_ALLOWED):
             scope += url_site  # the slot is the politeness unit; the host is still the scope's
         self.loop.buffer(
             mode + self.df.fingerprint(request), site, request.priority, payload, scope
@@ -437,17 +448,17 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     def _scope(self, request: Request, site: str, seed: bool) -> str:
         """Where *request* may go (see lua/step/enqueue.lua): only the crawl's sites by default."""
         if seed:
-            return "+"
+            return SCOPE_SEED
         host = urlsplit(request.url).hostname or ""
         redirected = request.meta.get("redirect_urls")
         if redirected and isinstance(redirected, list) and isinstance(redirected[-1], str):
             origin = urlsplit(redirected[-1]).hostname or ""
             if related_hosts(host, origin):
                 # http to https, shop.example to www.shop.example: the crawl follows
-                return "~" + site_of(redirected[-1])
+                return SCOPE_REDIRECT + site_of(redirected[-1])
         free = self.config.follow == "any" or bool(getattr(self.spider, "allowed_domains", None))
         # Loopback and private addresses only where a seed or FRONTIER_ALLOWED_SITES is.
-        return "" if free and not is_private_host(host) else "="
+        return SCOPE_ANY if free and not is_private_host(host) else SCOPE_ALLOWED
 
     def _refuse(self, request: Request, reason: str) -> bool:
         self.stats.inc_value(f"frontier/refused/{reason}")

@@ -10,6 +10,8 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from project.frontier.codes import SCOPE_REDIRECT
+
 if TYPE_CHECKING:
     from project.frontier.queue import StepBatch
 
@@ -120,7 +122,7 @@ class SiteResolver:
         """Name the sites of a batch's new requests and latencies by IP. Retries and pauses
         keep the site their lease was granted under."""
         names = {entry[1] for entry in batch.enqueue} | {s for s, _, _ in batch.latency}
-        names |= {scope[1:] for *_, scope in batch.enqueue if scope.startswith("~")}
+        names |= {scope[1:] for *_, scope in batch.enqueue if scope.startswith(SCOPE_REDIRECT)}
         ip = await self.resolve_all(names)
         batch.enqueue = [
             (fp, ip[site], priority, payload, _rescope(scope, ip))
@@ -131,4 +133,4 @@ class SiteResolver:
 
 def _rescope(scope: str, ip: dict[str, str]) -> str:
     # A redirect's scope names the site it came from: by IP too.
-    return "~" + ip[scope[1:]] if scope.startswith("~") else scope
+    return SCOPE_REDIRECT + ip[scope[1:]] if scope.startswith(SCOPE_REDIRECT) else scope

@@ -22,11 +22,11 @@
 local opt = cjson.decode(ARGV[1])
 local held = redis.call('GET', K.start)
 local function claim()
-    redis.call('SET', K.start, 'run\n' .. opt.node, 'PX', opt.lease_ms)
+    redis.call('SET', K.start, CODE.start_extend .. '\n' .. opt.node, 'PX', opt.lease_ms)
     return 'claimed'
 end
 if not held then return claim() end
-if held ~= 'done' then return 'running' end
+if held ~= CODE.start_end then return 'running' end
 if not opt.new_crawl then return 'done' end
 if work_left() == 0 then return claim() end
 return 'done'

@@ -34,42 +34,61 @@
     KEYS[25] runs        the fleet's current crawl run (lua/run_join.lua)
 
     ARGV[1]  options, one JSON object:
-               node       this node's id (no newline)
-               lease_ms   how long a lease lasts without a heartbeat
-               want       requests to lease in all; slots: of them, at most this many
-                          with a new download permit (the rest go "ahead", see
-                          step/lease.lua); seed_want: seeds to take
-               maintain   true: run phase 6 and return the counts
-               count      true: return the counts without maintenance (an idle node
-                          looking for the end of the crawl)
+               node            this node's id (no newline)
+               lease_ms        how long a lease lasts without a heartbeat
+               want            requests to lease in all
+               slots           of them, at most this many with a new download permit
+                               (the rest go "ahead": step/ahead.lua)
+               seed_want       seeds to take
+               maintain        true: run maintenance and return the counts
+               count           true: return the counts without maintenance (an idle node
+                               looking for the end of the crawl)
                max_deliveries  an entry whose lease expired this often is a dead letter
-               limits     {rate, concurrency, burst_seconds, adaptive,
-                           target_concurrency, min_rate, start_rate}: the defaults for
-                           every site without an entry in `limits`
-               counts     {enqueue, ack, retry, dead, heartbeat, pause, latency}: entries
-                           in each ARGV section
-               list_dupes true: return where the duplicates are in the batch (DUPEFILTER_DEBUG)
-               runs       true: the fleet keeps crawl runs; a seed is queued once in each
-                          (step/enqueue.lua)
-               start      'run': extend this node's claim on start(); 'done': its start()
-                           is over and its requests are in (this step enqueues the last)
-    ARGV[2..] the sections, in the order of `counts`; each phase file describes its own
+               limits          {rate, concurrency, burst_seconds, adaptive,
+                               target_concurrency, min_rate, start_rate}: the defaults
+                               for every site without an entry in `limits`
+               sections        the layout of ARGV[2..]: {{name, entries, {field, ...}},
+                               ...} (lib/sections.lua)
+               list_dupes      true: return where the duplicates are in the batch
+                               (DUPEFILTER_DEBUG)
+               seen            the seen-set's form (lib/seen.lua); absent: a set
+               runs            true: the fleet keeps crawl runs; a seed is queued once in
+                               each (step/enqueue.lua)
+               revisit         with maintain: hand out up to this many due revisits
+                               (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               start           CODE.start_extend: extend this node's claim on start();
+                               CODE.start_end: its start() is over and its requests are
+                               in (this step enqueues the last)
+    ARGV[2..] the sections, each described by the phase that reads it: enqueue, ack,
+              retry, dead, revisit, heartbeat, give_back, pause, latency, ahead
 
-  Output: {added, duplicates, leased {site, payload, score, ...}, seeds {raw, ...},
-           reaped, promoted, counts {queued, delayed, inflight, seeds, starting} or {} when
-           neither maintain nor count (starting: 1 while a node runs start()),
-           milliseconds until the next throttled site may go, or false,
-           poisoned {dead-letter record, ...}, stale settlements, offsite requests dropped,
-           1 if this node still holds the start claim it asked to extend or end, else 0,
-           {batch position of a duplicate, ...} when list_dupes,
-           'S' when the seeds came from a list, 'T' from a set (their in-flight members),
-           permits granted {site, n, ...}, for each site of the ahead section this node's
-           share of its cap (0: no cap) and its spare permits that went back
-           {site, share, back, ...}},
-           revisits queued: {rediscovered and due, handed out by maintenance},
-           {record, ...} of URLs rediscovered before their revisit is due,
-           1 if this node was no permit holder any more (its first step, or it stalled past
-           its deadline and its permits went back to the fleet), else 0
+  Reply: name/value pairs {name, value, name, value, ...}:
+    added         requests queued
+    duplicates    requests dropped as seen
+    offsite       requests dropped for their scope
+    duplicate_at  {batch position of a duplicate, ...} when list_dupes
+    rediscovered  seen URLs queued again because their revisit was due
+    still_linked  {record, ...} of URLs rediscovered before their revisit is due
+    stale         settlements dropped: their lease had been reaped meanwhile
+    reaped        expired leases put back (maintenance)
+    promoted      due retries put back (maintenance)
+    poisoned      {dead-letter record, ...} of entries whose leases expired max_deliveries
+                  times
+    handed_out    due revisits queued by maintenance (options.revisit)
+    leased        {site, payload, score, ...}
+    permits       download permits granted {site, n, ...}
+    shares        {site, share, back, ...} for each site of the ahead section: this
+                  node's share of its cap (0: no cap), and its spare permits that went back
+    rejoined      1 if this node was no permit holder any more (its first step, or it
+                  stalled past its deadline and its permits went back to the fleet), else 0
+    seeds         {raw, ...}
+    seeds_kind    CODE.seeds_list when the seeds came from a list, CODE.seeds_set from a
+                  set (their in-flight members)
+    start_held    1 if this node still holds the start claim it asked to extend or end
+    counts        {queued, n, delayed, n, inflight, n, seeds, n, starting, n} (name/value
+                  pairs; starting: 1 while a node runs start()) with maintain or count,
+                  else {}
+    wait_ms       milliseconds until the next throttled site may go, or nil
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -78,6 +97,8 @@
 --@include lib/permits.lua
 --@include lib/crawl.lua
 --@include lib/seen.lua
+--@include lib/sections.lua
+--@include lib/grants.lua
 --@include step/revisit.lua
 --@include step/enqueue.lua
 --@include step/settle.lua
@@ -85,56 +106,58 @@
 --@include step/permits.lua
 --@include step/pause.lua
 --@include step/latency.lua
---@include step/lease.lua
+--@include step/ahead.lua
+--@include step/walk.lua
 --@include step/maintain.lua
 --@include step/wake.lua
 --@include step/seeds.lua
 --@include step/start.lua
 
 local opt = cjson.decode(ARGV[1])
-local n, limits = opt.counts, opt.limits
+local S = read_sections(opt.sections)
+local limits = opt.limits
 local now = now_ms()
 local deadline = now + opt.lease_ms
-local at = 2 -- ARGV[1] is the options; the sections start after it
 
-local added, dupes, offsite, dupe_list, rediscovered, still = enqueue(at, n.enqueue, opt, now)
-at = at + n.enqueue * ENQUEUE_WIDTH
-local stale = settle(at, n.ack, n.retry, n.dead, now)
-at = at + n.ack * ACK_WIDTH + n.retry * RETRY_WIDTH + n.dead * DEAD_WIDTH
-record_revisits(at, n.revisit or 0, now)
-at = at + (n.revisit or 0) * REVISIT_WIDTH
-heartbeat(at, n.heartbeat, deadline)
-at = at + n.heartbeat * HEARTBEAT_WIDTH
-permits_back(at, n.give_back, opt.node)
-at = at + n.give_back * GIVE_BACK_WIDTH
-pause(at, n.pause, now, limits)
-at = at + n.pause * PAUSE_WIDTH
-latency(at, n.latency)
-at = at + n.latency * LATENCY_WIDTH
+local added, dupes, offsite, dupe_list, rediscovered, still = Enqueue.run(S.enqueue, opt, now)
+local stale = Settle.run(S.ack, S.retry, S.dead, now)
+Revisit.record(S.revisit, now)
+Heartbeat.run(S.heartbeat, deadline)
+PermitsBack.run(S.give_back, opt.node)
+Pause.run(S.pause, now, limits)
+Latency.run(S.latency)
 
 local reaped, promoted, poisoned = 0, 0, {}
 local handed_out = 0
 if opt.maintain then
-    reaped, promoted, poisoned = maintain(now, limits, opt.max_deliveries)
-    if opt.revisit then handed_out = revisits_due(now, opt.revisit) end
+    reaped, promoted, poisoned = Maintain.run(now, limits, opt.max_deliveries)
+    if opt.revisit then handed_out = Revisit.hand_out(now, opt.revisit) end
 end
-local first, woke = wake(now)
-local leased, permits, parked, shares, rejoined = lease(at, n.ahead, opt, now, deadline, limits)
-local seeds, seeds_kind = take_seeds(opt.seed_want, deadline, opt.node)
-local start_held = start_claim(opt.start, opt.node, opt.lease_ms)
+local first, woke = Wake.run(now)
+local ask, budget, got = begin_grant(opt, now, deadline)
+Ahead.run(S.ahead, ask, budget, got, limits)
+Walk.run(ask, budget, got, limits)
+close_grant(got)
+local seeds, seeds_kind = Seeds.take(opt.seed_want, deadline, opt.node)
+local start_held = StartClaim.run(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
 if opt.maintain or opt.count then
-    counts = {tonumber(redis.call('GET', K.queued) or 0), redis.call('ZCARD', K.delayed),
-              redis.call('ZCARD', K.inflight), seed_count(), start_running()}
+    counts = {'queued', tonumber(redis.call('GET', K.queued) or 0),
+              'delayed', redis.call('ZCARD', K.delayed),
+              'inflight', redis.call('ZCARD', K.inflight),
+              'seeds', seed_count(), 'starting', start_running()}
 end
 -- when the next throttled site may go, so an idle node need not poll blindly
 local next_wake = first
-if n.pause > 0 or woke or parked then
+if S.pause.n > 0 or woke or got.throttled_changed then
     next_wake = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
 end
 local wait_ms = false
 if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
-return {added, dupes, leased, seeds, reaped, promoted, counts, wait_ms, poisoned, stale, offsite,
-        start_held, dupe_list, seeds_kind, permits, shares, {rediscovered, handed_out}, still,
-        rejoined and 1 or 0}
+return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at', dupe_list,
+        'rediscovered', rediscovered, 'still_linked', still, 'stale', stale,
+        'reaped', reaped, 'promoted', promoted, 'poisoned', poisoned, 'handed_out', handed_out,
+        'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
+        'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
+        'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms}

@@ -15,6 +15,6 @@ end
 
 local function start_running()
     local held = redis.call('GET', K.start)
-    if held and string.sub(held, 1, 4) == 'run\n' then return 1 end
+    if held and string.sub(held, 1, #CODE.start_extend + 1) == CODE.start_extend .. '\n' then return 1 end
     return 0
 end

@@ -2,9 +2,11 @@
   Leases that end without an acknowledgement: a node died, or gave them back.
 
   In-flight members (K.inflight, scored by deadline) are
-    "<node>\nR<site>\n<payload>"   a leased request of <site>
+    "<node>\nR<site>\n<payload>"   a leased request of <site> (R: CODE.member_request)
     "<node>\nS<raw>"                a leased seed, as pushed to the <spider>:start_urls list
-    "<node>\nT<raw>"                a leased seed of the set (REDIS_START_URLS_AS_SET)
+                                   (S: CODE.seeds_list)
+    "<node>\nT<raw>"                a leased seed of the set (REDIS_START_URLS_AS_SET;
+                                   T: CODE.seeds_set)
 
   Needs KEYS: start_urls, and those of lib/site_queues.lua (included before this).
 ]]
@@ -14,9 +16,9 @@ local function put_back(members)
     for _, m in ipairs(members) do
         local nl = string.find(m, '\n', 1, true)
         local kind, body = string.sub(m, nl + 1, nl + 1), string.sub(m, nl + 2)
-        if kind == 'S' then
+        if kind == CODE.seeds_list then
             seeds[#seeds + 1] = body
-        elseif kind == 'T' then
+        elseif kind == CODE.seeds_set then
             set_seeds[#set_seeds + 1] = body
         else
             local site, payload = split_site(body)

@@ -4,17 +4,17 @@
   stalled past its deadline) is not brought back, it is someone else's now.
 
   Keys: inflight.
-  ARGV section, HEARTBEAT_WIDTH values each: member
+  ARGV section heartbeat: member
   Returns: nothing
 ]]
-local HEARTBEAT_WIDTH = 1
+local Heartbeat = {}
 
-local function heartbeat(at, count, deadline)
-    if count == 0 then return end
+function Heartbeat.run(sec, deadline)
+    if sec.n == 0 then return end
     local args = {}
-    for e = 0, count - 1 do
+    for e = 0, sec.n - 1 do
         args[#args + 1] = deadline
-        args[#args + 1] = ARGV[at + e]
+        args[#args + 1] = ARGV[sec.at + e * sec.width + sec.member]
     end
     chunked('ZADD', K.inflight, args, 2, 'XX')
 end

@@ -3,15 +3,16 @@
   summed per site until maintenance turns them into a rate.
 
   Keys: lat_sum, lat_n.
-  ARGV section, LATENCY_WIDTH values each: site, seconds (sum), count
+  ARGV section latency: site seconds samples
+    (seconds: the sum of the samples' latencies)
   Returns: nothing
 ]]
-local LATENCY_WIDTH = 3
+local Latency = {}
 
-local function latency(at, count)
-    for e = 0, count - 1 do
-        local i = at + e * LATENCY_WIDTH
-        redis.call('HINCRBYFLOAT', K.lat_sum, ARGV[i], ARGV[i + 1])
-        redis.call('HINCRBY', K.lat_n, ARGV[i], ARGV[i + 2])
+function Latency.run(sec)
+    for e = 0, sec.n - 1 do
+        local i = sec.at + e * sec.width
+        redis.call('HINCRBYFLOAT', K.lat_sum, ARGV[i + sec.site], ARGV[i + sec.seconds])
+        redis.call('HINCRBY', K.lat_n, ARGV[i + sec.site], ARGV[i + sec.samples])
     end
 end

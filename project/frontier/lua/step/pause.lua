@@ -3,15 +3,16 @@
   fleet holds off it until then; with adaptive throttling its rate halves.
 
   Keys: queue, throttled, rates.
-  ARGV section, PAUSE_WIDTH values each: site, pause_ms
+  ARGV section pause: site pause_ms
   Options used: limits.adaptive, limits.min_rate, limits.start_rate
   Returns: nothing
 ]]
-local PAUSE_WIDTH = 2
+local Pause = {}
 
-local function pause(at, count, now, limits)
-    for e = 0, count - 1 do
-        local site, until_ms = ARGV[at + e * PAUSE_WIDTH], now + tonumber(ARGV[at + e * PAUSE_WIDTH + 1])
+function Pause.run(sec, now, limits)
+    for e = 0, sec.n - 1 do
+        local i = sec.at + e * sec.width
+        local site, until_ms = ARGV[i + sec.site], now + tonumber(ARGV[i + sec.pause_ms])
         redis.call('ZREM', K.queue, site)
         redis.call('ZADD', K.throttled, 'GT', until_ms, site)
         if limits.adaptive then

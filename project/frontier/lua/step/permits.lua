@@ -4,14 +4,15 @@
   goes back to the ready index.
 
   Keys: active, capped, and those of lib/site_queues.lua.
-  ARGV section, GIVE_BACK_WIDTH values each: site, permits
+  ARGV section give_back: site permits
   Options used: node
   Returns: nothing
 ]]
-local GIVE_BACK_WIDTH = 2
+local PermitsBack = {}
 
-local function permits_back(at, count, node)
-    for e = 0, count - 1 do
-        give_back(node, ARGV[at + e * GIVE_BACK_WIDTH], tonumber(ARGV[at + e * GIVE_BACK_WIDTH + 1]))
+function PermitsBack.run(sec, node)
+    for e = 0, sec.n - 1 do
+        local i = sec.at + e * sec.width
+        give_back(node, ARGV[i + sec.site], tonumber(ARGV[i + sec.permits]))
     end
 end

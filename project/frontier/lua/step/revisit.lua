@@ -7,95 +7,99 @@
                  (run: the crawl run of that fetch, lua/run_join.lua)
         due      fingerprint, scored by when its URL may be fetched again (ms, Redis clock)
         runs     the current crawl run
-  ARGV section (phase 2b, after settle), REVISIT_WIDTH values per fetched URL:
-    fingerprint, interval_ms (0: no longer under a policy: forget it),
-    "<site>\n<priority>\n<record>\n<payload>"  record: the JSON the node wants back with
-                                               the revisit (validators, content hash, items)
-  revisit_due(fp, payload, now): the payload to queue when a seen URL is rediscovered, its
+  ARGV section revisit (after settle): fingerprint interval_ms record
+    interval_ms  0: no longer under a policy: forget it
+    record       "<site>\n<priority>\n<record>\n<payload>", record: the JSON the node wants
+                 back with the revisit (validators, content hash, items)
+  Revisit.record(sec, now): keeps what each fetched URL left for its revisit.
+  Revisit.due(fp, payload, now): the payload to queue when a seen URL is rediscovered, its
     revisit is due and its last fetch was in another crawl run (a page is fetched once per
     crawl, however short its interval), with the record added as its "revisit" field; else
     nil. It is then due again one interval later, so a lost revisit comes back. The first
     rediscovery in a run of a URL not due yet returns nil and its record: the node keeps that
     page's items alive.
-  revisits_due(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
+  Revisit.hand_out(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
     due revisits of URLs nobody rediscovered; returns how many.
 ]]
-local REVISIT_WIDTH = 3
+local Revisit = {}
 
--- "<interval>\n<run>\n<site>\n<priority>\n<record>\n<payload>" -> its six parts
-local function split_revisit(stored)
-    local parts, from = {}, 1
-    for _ = 1, 5 do
-        local nl = string.find(stored, '\n', from, true)
-        if not nl then return nil end
-        parts[#parts + 1] = string.sub(stored, from, nl - 1)
-        from = nl + 1
+do
+    -- "<interval>\n<run>\n<site>\n<priority>\n<record>\n<payload>" -> its six parts
+    local function split_revisit(stored)
+        local parts, from = {}, 1
+        for _ = 1, 5 do
+            local nl = string.find(stored, '\n', from, true)
+            if not nl then return nil end
+            parts[#parts + 1] = string.sub(stored, from, nl - 1)
+            from = nl + 1
+        end
+        parts[6] = string.sub(stored, from)
+        return parts
     end
-    parts[6] = string.sub(stored, from)
-    return parts
-end
 
-local function with_record(payload, record)
-    if string.sub(payload, -1) ~= '}' then return payload end
-    return string.sub(payload, 1, -2) .. ',"revisit":' .. record .. '}'
-end
+    local function with_record(payload, record)
+        if string.sub(payload, -1) ~= '}' then return payload end
+        return string.sub(payload, 1, -2) .. ',"revisit":' .. record .. '}'
+    end
 
-local function record_revisits(at, count, now)
-    if count == 0 then return end
-    local run = redis.call('HGET', K.runs, 'id') or ''
-    for e = 0, count - 1 do
-        local i = at + e * REVISIT_WIDTH
-        local fp, interval = ARGV[i], tonumber(ARGV[i + 1]) or 0
-        if interval > 0 then
-            redis.call('HSET', K.revisit, fp, string.format('%.0f', interval) .. '\n' .. run .. '\n' .. ARGV[i + 2])
-            redis.call('ZADD', K.due, now + interval, fp)
-        else
-            redis.call('HDEL', K.revisit, fp)
-            redis.call('ZREM', K.due, fp)
+    function Revisit.record(sec, now)
+        if sec.n == 0 then return end
+        local run = redis.call('HGET', K.runs, 'id') or ''
+        for e = 0, sec.n - 1 do
+            local i = sec.at + e * sec.width
+            local fp, interval = ARGV[i + sec.fingerprint], tonumber(ARGV[i + sec.interval_ms]) or 0
+            if interval > 0 then
+                local stored = string.format('%.0f', interval) .. '\n' .. run .. '\n' .. ARGV[i + sec.record]
+                redis.call('HSET', K.revisit, fp, stored)
+                redis.call('ZADD', K.due, now + interval, fp)
+            else
+                redis.call('HDEL', K.revisit, fp)
+                redis.call('ZREM', K.due, fp)
+            end
         end
     end
-end
 
-local current_run = nil -- read once per step, when a rediscovered URL is due
+    local current_run = nil -- read once per step, when a rediscovered URL is due
 
-local function revisit_due(fp, payload, now)
-    local due = tonumber(redis.call('ZSCORE', K.due, fp))
-    if not due then return nil end
-    local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
-    if not parts then
-        redis.call('ZREM', K.due, fp)
-        return nil
-    end
-    if current_run == nil then current_run = redis.call('HGET', K.runs, 'id') or '' end
-    if parts[2] ~= '' and parts[2] == current_run then return nil end
-    -- dealt with in this run now: rediscovered again, it stays put
-    parts[2] = current_run
-    redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
-    -- not due: still linked, so what its page gave last time is still there (the node
-    -- bumps those items' last_seen, or the run's end would mark them gone)
-    if due > now then return nil, parts[5] end
-    redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-    return with_record(payload, parts[5])
-end
-
-local function revisits_due(now, most)
-    local fps = redis.call('ZRANGEBYSCORE', K.due, '-inf', now, 'LIMIT', 0, most)
-    local entries = {}
-    for _, fp in ipairs(fps) do
+    function Revisit.due(fp, payload, now)
+        local due = tonumber(redis.call('ZSCORE', K.due, fp))
+        if not due then return nil end
         local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
-        -- a record not written by a node (no site, no request): it goes
-        if parts and (parts[3] == '' or string.sub(parts[6], 1, 1) ~= '{') then
-            redis.call('HDEL', K.revisit, fp)
-            parts = nil
-        end
-        if parts then
-            redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-            entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),
-                                     with_record(parts[6], parts[5])}
-        else
+        if not parts then
             redis.call('ZREM', K.due, fp)
+            return nil
         end
+        if current_run == nil then current_run = redis.call('HGET', K.runs, 'id') or '' end
+        if parts[2] ~= '' and parts[2] == current_run then return nil end
+        -- dealt with in this run now: rediscovered again, it stays put
+        parts[2] = current_run
+        redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
+        -- not due: still linked, so what its page gave last time is still there (the node
+        -- bumps those items' last_seen, or the run's end would mark them gone)
+        if due > now then return nil, parts[5] end
+        redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
+        return with_record(payload, parts[5])
     end
-    if #entries > 0 then push_grouped(group_by_site(entries)) end
-    return #entries
+
+    function Revisit.hand_out(now, most)
+        local fps = redis.call('ZRANGEBYSCORE', K.due, '-inf', now, 'LIMIT', 0, most)
+        local entries = {}
+        for _, fp in ipairs(fps) do
+            local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
+            -- a record not written by a node (no site, no request): it goes
+            if parts and (parts[3] == '' or string.sub(parts[6], 1, 1) ~= '{') then
+                redis.call('HDEL', K.revisit, fp)
+                parts = nil
+            end
+            if parts then
+                redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
+                entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),
+                                         with_record(parts[6], parts[5])}
+            else
+                redis.call('ZREM', K.due, fp)
+            end
+        end
+        if #entries > 0 then push_grouped(group_by_site(entries)) end
+        return #entries
+    end
 end

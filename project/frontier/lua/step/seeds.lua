@@ -9,16 +9,19 @@
   Seeds are taken from what the key is: a list (RPOP) or a set (SPOP: REDIS_START_URLS_AS_SET,
   or anyone's `redis-cli sadd`); a key of another type gives none (no error after the
   phases before this one have written).
-  Returns: seeds {raw, ...}, and their kind: 'S' from a list, 'T' from a set
+  Returns: seeds {raw, ...}, and their kind: CODE.seeds_list from a list, CODE.seeds_set
+           from a set
 ]]
-local function take_seeds(count, deadline, node)
+local Seeds = {}
+
+function Seeds.take(count, deadline, node)
     local seeds = {}
-    if count <= 0 then return seeds, 'S' end
+    if count <= 0 then return seeds, CODE.seeds_list end
     local kind = redis.call('TYPE', K.start_urls).ok
     local popped, tag
-    if kind == 'list' then popped, tag = redis.call('RPOP', K.start_urls, count), 'S'
-    elseif kind == 'set' then popped, tag = redis.call('SPOP', K.start_urls, count), 'T'
-    else return seeds, 'S' end
+    if kind == 'list' then popped, tag = redis.call('RPOP', K.start_urls, count), CODE.seeds_list
+    elseif kind == 'set' then popped, tag = redis.call('SPOP', K.start_urls, count), CODE.seeds_set
+    else return seeds, CODE.seeds_list end
     if not popped or #popped == 0 then return seeds, tag end
     local args = {}
     local prefix = node .. '\n' .. tag

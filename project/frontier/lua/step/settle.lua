@@ -6,66 +6,73 @@
   request into two live copies) and counted as stale.
 
   Keys: inflight, delayed, dead, deliveries.
-  ARGV sections, one after the other:
-    acks     ACK_WIDTH values each:    member
-    retries  RETRY_WIDTH values each:  member, delay_ms, site, payload
-             (delayed member "<site>\n<payload>", due at now + delay_ms)
-    dead     DEAD_WIDTH values each:   member, record (JSON, see project/frontier/loop.py)
+  ARGV section ack: member
+  ARGV section retry: member delay_ms site payload
+    (the delayed member is "<site>\n<payload>", due at now + delay_ms)
+  ARGV section dead: member record
+    (record: JSON, see project/frontier/rejects.py)
   Returns: how many settlements were stale
 ]]
-local ACK_WIDTH, RETRY_WIDTH, DEAD_WIDTH = 1, 4, 2
+local Settle = {}
 
--- Which of these members the in-flight set still holds.
-local function held_set(members)
-    local held = {}
-    if #members == 0 then return held end
-    local scores = chunked_list('ZMSCORE', K.inflight, members)
-    for j, m in ipairs(members) do
-        if scores[j] then held[m] = true end
+do
+    -- Which of these members the in-flight set still holds.
+    local function held_set(members)
+        local held = {}
+        if #members == 0 then return held end
+        local scores = chunked_list('ZMSCORE', K.inflight, members)
+        for j, m in ipairs(members) do
+            if scores[j] then held[m] = true end
+        end
+        return held
     end
-    return held
-end
 
-local function settle(at, n_ack, n_retry, n_dead, now)
-    local done = {}
-    for e = 0, n_ack + n_retry + n_dead - 1 do
-        local i
-        if e < n_ack then i = at + e
-        elseif e < n_ack + n_retry then i = at + n_ack + (e - n_ack) * RETRY_WIDTH
-        else i = at + n_ack + n_retry * RETRY_WIDTH + (e - n_ack - n_retry) * DEAD_WIDTH end
-        done[#done + 1] = ARGV[i]
-    end
-    local held = held_set(done)
-    local stale = 0
-    local zargs, records, leaving = {}, {}, {}
-    for e, m in ipairs(done) do
-        if held[m] then
-            held[m] = nil -- a member named twice settles once
-            leaving[#leaving + 1] = m
-            if e > n_ack and e <= n_ack + n_retry then
-                local i = at + n_ack + (e - 1 - n_ack) * RETRY_WIDTH
-                zargs[#zargs + 1] = now + tonumber(ARGV[i + 1])
-                zargs[#zargs + 1] = ARGV[i + 2] .. '\n' .. ARGV[i + 3]
-            elseif e > n_ack + n_retry then
-                records[#records + 1] = ARGV[at + n_ack + n_retry * RETRY_WIDTH
-                    + (e - 1 - n_ack - n_retry) * DEAD_WIDTH + 1]
-            end
-        elseif e > n_ack then
-            stale = stale + 1
+    -- The members of a section's entries, in order, each with its section and ARGV index.
+    local function members_of(sec, done)
+        for e = 0, sec.n - 1 do
+            local i = sec.at + e * sec.width
+            done[#done + 1] = {ARGV[i + sec.member], sec, i}
         end
     end
-    if #zargs > 0 then chunked('ZADD', K.delayed, zargs, 2) end
-    if #records > 0 then chunked('LPUSH', K.dead, records) end
-    if #leaving > 0 then
-        chunked('ZREM', K.inflight, leaving)
-        if redis.call('EXISTS', K.deliveries) == 1 then
-            -- entries that were reaped before, and have now come to an end
-            local ids = {}
-            for _, m in ipairs(leaving) do
-                ids[#ids + 1] = redis.sha1hex(string.sub(m, string.find(m, '\n', 1, true) + 1))
+
+    function Settle.run(acks, retries, dead, now)
+        local done = {}
+        members_of(acks, done)
+        members_of(retries, done)
+        members_of(dead, done)
+        local names = {}
+        for j, entry in ipairs(done) do names[j] = entry[1] end
+        local held = held_set(names)
+        local stale = 0
+        local zargs, records, leaving = {}, {}, {}
+        for _, entry in ipairs(done) do
+            local m, sec, i = entry[1], entry[2], entry[3]
+            if held[m] then
+                held[m] = nil -- a member named twice settles once
+                leaving[#leaving + 1] = m
+                if sec == retries then
+                    zargs[#zargs + 1] = now + tonumber(ARGV[i + sec.delay_ms])
+                    zargs[#zargs + 1] = ARGV[i + sec.site] .. '\n' .. ARGV[i + sec.payload]
+                elseif sec == dead then
+                    records[#records + 1] = ARGV[i + sec.record]
+                end
+            elseif sec ~= acks then
+                stale = stale + 1
             end
-            chunked('HDEL', K.deliveries, ids)
         end
+        if #zargs > 0 then chunked('ZADD', K.delayed, zargs, 2) end
+        if #records > 0 then chunked('LPUSH', K.dead, records) end
+        if #leaving > 0 then
+            chunked('ZREM', K.inflight, leaving)
+            if redis.call('EXISTS', K.deliveries) == 1 then
+                -- entries that were reaped before, and have now come to an end
+                local ids = {}
+                for _, m in ipairs(leaving) do
+                    ids[#ids + 1] = redis.sha1hex(string.sub(m, string.find(m, '\n', 1, true) + 1))
+                end
+                chunked('HDEL', K.deliveries, ids)
+            end
+        end
+        return stale
     end
-    return stale
 end

@@ -9,7 +9,9 @@
 ]]
 local WAKE_BATCH = 100 -- sites woken per step; more wait a tick
 
-local function wake(now)
+local Wake = {}
+
+function Wake.run(now)
     local first = redis.call('ZRANGE', K.throttled, 0, 0, 'WITHSCORES')
     if #first > 0 and tonumber(first[2]) <= now then
         local woken = redis.call('ZRANGEBYSCORE', K.throttled, '-inf', now, 'LIMIT', 0, WAKE_BATCH)
