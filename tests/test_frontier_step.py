@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -523,7 +524,7 @@ def test_clear_frontier_deletes_site_queues_too(
 # -- the scripts' headers -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["step", "release", "requeue_dead"])
+@pytest.mark.parametrize("name", sorted(path.stem for path in Path(str(lua.FOLDER)).glob("*.lua")))
 def test_a_script_declares_every_key_it_uses(name: str) -> None:
     script = lua.load(name)
     assert set(lua.used_keys(script)) <= set(script.keys), "K.<name> not in the header's KEYS"
@@ -627,10 +628,10 @@ def test_enqueue_keeps_requests_on_the_sites_seeds_opened(
     assert redis_client.scard(keys.dupefilter) == 5, "refused requests are not marked seen"
 
 
-# -- settle: a reaped lease cannot fork its request (row 20) -------------------------------------
+# -- settle: a reaped lease cannot fork its request -------------------------------------------
 
 
-def test_settle_of_a_reaped_lease_does_not_fork_the_request_row_20(
+def test_settle_of_a_reaped_lease_does_not_fork_the_request(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
@@ -654,10 +655,10 @@ def test_settle_of_a_reaped_lease_does_not_fork_the_request_row_20(
     assert redis_client.zcard(keys.inflight) == 1, "node b still holds it"
 
 
-# -- poison: a request that kills every node that takes it (deliverable 1, row 9) ---------------
+# -- poison: a request that kills every node that takes it --------------------------------------
 
 
-def test_a_request_whose_lease_keeps_expiring_becomes_a_poison_dead_letter_row_9(
+def test_a_request_whose_lease_keeps_expiring_becomes_a_poison_dead_letter(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
@@ -700,10 +701,10 @@ def test_an_acked_request_forgets_its_expired_leases(
     assert redis_client.hlen(keys.deliveries) == 0
 
 
-# -- requeue_dead: chunked, never destroys (row 5) -----------------------------------------------
+# -- requeue_dead: chunked, never destroys ------------------------------------------------------
 
 
-def test_requeueing_100000_dead_letters_of_one_site_destroys_none_row_5(
+def test_requeueing_100000_dead_letters_of_one_site_destroys_none(
     redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
     records = [
@@ -724,7 +725,7 @@ def test_requeueing_100000_dead_letters_of_one_site_destroys_none_row_5(
 def test_maintenance_forgets_the_counters_of_sites_idle_for_ten_minutes(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
-    """The per-site hashes do not grow for ever (issue 12, row 19)."""
+    """The per-site hashes do not grow for ever."""
     limits = SiteLimits(rate=5.0, concurrency=0)
 
     async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
@@ -754,7 +755,7 @@ def long_ago_bound(client) -> int:
     return (int(seconds) - 60) * 1000
 
 
-# -- issue 13: the start claim, seeds of either type, the SCHEDULER_PERSIST flush ---------------
+# -- the start claim, seeds of either type, the SCHEDULER_PERSIST flush ------------------------
 
 
 def test_one_node_claims_start_and_ends_it_in_the_step_that_enqueues_its_last_request(
