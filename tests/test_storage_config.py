@@ -1,4 +1,4 @@
-"""The ``MONGO_*``, ``CRAWL_ID`` and ``VALIDATION_*`` settings, parsed by their Config classes."""
+"""The ``MONGO_*``, ``RUNS_CRAWL_ID`` and ``VALIDATION_*`` settings, parsed by their Config classes."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_config_reads_settings() -> None:
             "MONGO_FLUSH_INTERVAL": "0.5",
             "MONGO_JOURNAL_DIR": "/var/j/{database}-{spider}",
             "MONGO_WRITE_CONCERN": "2",
-            "CRAWL_ID": "nightly-7",
+            "RUNS_CRAWL_ID": "nightly-7",
         }
     )
     config = MongoConfig.from_settings(settings, spider_name="books")
