@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import redis.asyncio
 from scrapy.exceptions import NotConfigured
+from scrapy.settings import default_settings
 from scrapy.utils.misc import load_object
 
 from project.config import read_settings, setting
@@ -124,7 +125,7 @@ class FrontierConfig:
     #: Scrapy's per-slot concurrency and delay: fleet-wide caps of those sites too.
     download_slots: dict[str, dict[str, Any]] = setting("DOWNLOAD_SLOTS", {})
     #: Scrapy's CONCURRENT_REQUESTS: what the node downloads at once.
-    concurrency: int = 16
+    concurrency: int = default_settings.CONCURRENT_REQUESTS
     limits: SiteLimits = field(default_factory=SiteLimits)
     #: One server, a Redis Cluster or Sentinel's master (REDIS_CLUSTER*, REDIS_SENTINEL*).
     target: RedisTarget = field(default_factory=lambda: RedisTarget(DEFAULT_REDIS_URL))

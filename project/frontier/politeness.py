@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from scrapy.settings import default_settings
+
 from project.config import read_field
 from project.frontier.config import FrontierConfig, SiteLimits
 
@@ -23,7 +25,7 @@ __all__ = ["MAX_DERIVED_CONCURRENCY", "derive", "fleet_cap", "unreachable"]
 
 #: A node never derives more downloads at once than this from the fleet's caps.
 MAX_DERIVED_CONCURRENCY = 256
-_SCRAPY_CONCURRENCY = 16  # Scrapy's CONCURRENT_REQUESTS
+_SCRAPY_CONCURRENCY: int = default_settings.CONCURRENT_REQUESTS
 
 
 def _unset(settings: BaseSettings, name: str) -> bool:
