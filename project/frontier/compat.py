@@ -201,7 +201,8 @@ _SCRAPY_SCHEDULER = (
 
 
 def _is_fleet_scheduler(cls: Any) -> bool:
-    # by name, not issubclass: the scheduler is built on the settings this module checks
+    # by name, not issubclass: importing the scheduler here would close a cycle (every
+    # Config reads its settings through this module, the scheduler reads Configs)
     return isinstance(cls, type) and any(
         (base.__module__, base.__qualname__) == ("project.frontier.scheduler", "FleetScheduler")
         for base in cls.__mro__
