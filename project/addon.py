@@ -20,7 +20,7 @@ from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationConfig, ValidationPipeline
 from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
-from project.frontier.config import FrontierConfig, RetryConfig
+from project.frontier.config import FLEET_RETRY_TIMES, FrontierConfig, RetryConfig
 from project.frontier.keys import FrontierKeys
 from project.frontier.politeness import derive
 from project.frontier.retry import FrontierRetryMiddleware
@@ -63,7 +63,7 @@ _SETTINGS = {
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
     # Retries are cheap on the fleet (no node waits for one): one more than Scrapy's 2.
-    "RETRY_TIMES": 3,
+    "RETRY_TIMES": FLEET_RETRY_TIMES,
     # A page from a stranger costs at most this much memory (Scrapy's own cap is 1 GiB).
     "DOWNLOAD_MAXSIZE": 16 * 1024 * 1024,
     "DOWNLOAD_WARNSIZE": 4 * 1024 * 1024,
@@ -112,7 +112,7 @@ class FleetAddon:
             _setdefault(settings, name, value)
         for name, default in exported_defaults(RenderingConfig).items():
             _setdefault(settings, name, default)
-        # Node limits from the fleet's: FLEET_SITE_CONCURRENCY is the one knob of a site.
+        # Node limits from the fleet's: FRONTIER_SITE_CONCURRENCY is the one knob of a site.
         derive(settings, _PRIORITY)
         for setting, components in (
             ("DOWNLOADER_MIDDLEWARES", _DOWNLOADER_MIDDLEWARES),
@@ -166,5 +166,5 @@ def _check(settings: BaseSettings) -> None:
         # a page is revisited once per crawl run: without runs, pages linking each other
         # would be fetched again and again within one crawl
         raise NotConfigured(
-            "FLEET_REVISIT needs RUNS_ENABLED (a revisit happens once per crawl run)"
+            "FRONTIER_REVISIT needs RUNS_ENABLED (a revisit happens once per crawl run)"
         )

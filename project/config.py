@@ -2,7 +2,8 @@
 
 A field made with :func:`setting` names the Scrapy setting it comes from;
 :func:`read_settings` reads every such field with the getter its default's
-type calls for, and turns a value that cannot be parsed into
+type calls for (under its former name when only that one is set, see
+``project.frontier.compat``), and turns a value that cannot be parsed into
 ``NotConfigured`` naming the setting. ``docs/settings.md`` documents every
 one of them, and a test holds the two together.
 """
@@ -14,10 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
 
+from project.frontier.compat import setting_name
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["FleetConfigError", "exported_defaults", "read_settings", "setting", "setting_fields"]
+__all__ = [
+    "FleetConfigError",
+    "exported_defaults",
+    "read_field",
+    "read_settings",
+    "setting",
+    "setting_fields",
+]
 
 
 class FleetConfigError(SystemExit):
@@ -68,6 +78,7 @@ def setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], str, Any]]:
 
 
 def _read(settings: BaseSettings, name: str, default: Any) -> Any:
+    name = setting_name(settings, name)
     if settings.get(name) is None:
         return default
     try:
@@ -101,6 +112,15 @@ def read_settings(cls: type, settings: BaseSettings, **given: Any) -> dict[str, 
         if f.name not in values:
             values[f.name] = _read(settings, name, default)
     return values
+
+
+def read_field(cls: type, field: str, settings: BaseSettings) -> Any:
+    """One setting field of *cls* read from *settings*, for code that needs it before or
+    without the whole Config (the add-on deriving node limits)."""
+    for f, name, default in setting_fields(cls):
+        if f.name == field:
+            return _read(settings, name, default)
+    raise TypeError(f"{cls.__name__}.{field} is not a setting field")
 
 
 def exported_defaults(cls: type) -> dict[str, Any]:

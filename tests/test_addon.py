@@ -115,7 +115,7 @@ def test_nodes_fetch_only_the_web_and_at_most_16_mib_a_page() -> None:
         ("FRONTIER_BATCH_MAX", "0", "FRONTIER_BATCH_MAX must be between 1 and 2000"),
         ("FRONTIER_LEASE_SECONDS", "soon", "FRONTIER_LEASE_SECONDS must be a float"),
         ("SCHEDULER_QUEUE_KEY", "%(spidr)s:q", "SCHEDULER_QUEUE_KEY"),
-        ("FLEET_SITE_KEY", "path", "FLEET_SITE_KEY"),
+        ("FRONTIER_SITE_KEY", "path", "FRONTIER_SITE_KEY"),
         ("MONGO_URI", "http://db", "MONGO_URI"),
         ("PLAYWRIGHT_CHROMIUM_PATH", "/nope", "apt-get install chromium"),
     ],

@@ -81,7 +81,7 @@ def test_dashboard_fails_in_one_line_when_its_port_is_taken(redis_url: str) -> N
     [
         (("status",), {"REDIS_URL": "http://127.0.0.1:1/"}, ["not a Redis URL"]),
         (("failures", "list"), {"REDIS_URL": "localhost:6379"}, ["not a Redis URL"]),
-        (("status", "-s", "FLEET_SITE_RATE=fast"), {}, ["FLEET_SITE_RATE"]),
+        (("status", "-s", "FRONTIER_SITE_RATE=fast"), {}, ["FRONTIER_SITE_RATE"]),
         (("dashboard",), {"DASHBOARD_USERNAME": "ops", "DASHBOARD_PASSWORD": ""},
          ["DASHBOARD_USERNAME and DASHBOARD_PASSWORD"]),
         (("dashboard",), {"DASHBOARD_ALLOWED_HOSTS": "a:b:c"}, ["DASHBOARD_ALLOWED_HOSTS"]),

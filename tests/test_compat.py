@@ -3,6 +3,7 @@ with the fleet's way named: none is silently dead."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_redis.spiders import RedisSpider
 
 from project.addon import FleetAddon
-from project.config import FleetConfigError
-from project.frontier.compat import REFUSED, SCRAPY_REDIS_SETTINGS
+from project.config import FleetConfigError, read_settings
+from project.frontier.compat import REFUSED, RENAMED, RETIRED, SCRAPY_REDIS_SETTINGS
 from project.frontier.config import FrontierConfig, RetryConfig
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.keys import KeyTemplates
@@ -228,3 +229,103 @@ def test_a_download_slot_is_a_politeness_unit_only_when_it_is_the_spiders(
     assert scheduler._slot_of(Request(url, meta={"download_slot": slot})) == taken
     redirected = Request(url, meta={"download_slot": "book-shop", "redirect_urls": ["http://a/"]})
     assert scheduler._slot_of(redirected) is None
+
+
+# -- the fleet's own former names ---------------------------------------------------------------
+
+#: A value other than the default for each renamed setting, as a project would set it.
+_FORMER_VALUES: dict[str, Any] = {
+    "FLEET_SITE_RATE": 2.5,
+    "FLEET_SITE_CONCURRENCY": 7,
+    "FLEET_SITE_LIMITS": {"shop.test": {"rate": 1, "concurrency": 2}},
+    "FLEET_SITE_KEY": "ip",
+    "FLEET_BURST_SECONDS": 0.5,
+    "FLEET_AUTOTHROTTLE_ENABLED": True,
+    "FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY": 8.0,
+    "FLEET_AUTOTHROTTLE_MIN_RATE": 0.25,
+    "FLEET_AUTOTHROTTLE_START_RATE": 3.0,
+    "FLEET_REVISIT": {"/category/": "1h"},
+    "FLEET_REVISIT_ADAPTIVE": True,
+    "FLEET_REVISIT_MIN": "2h",
+    "FLEET_REVISIT_MAX": "3d",
+    "ROBOTSTXT_CACHE_SECONDS": 60.0,
+    "ROBOTSTXT_MAX_BYTES": 1000,
+    "CRAWL_ID": "nightly-7",
+}
+
+
+def _field_of(name: str) -> tuple[type, str]:
+    """The Config class and field that read setting *name*."""
+    from project.config import setting_fields
+    from project.frontier.config import SiteLimits
+    from project.frontier.revisit import RevisitConfig
+    from project.frontier.robots import RobotsConfig
+    from project.storage.config import MongoConfig
+
+    for cls in (SiteLimits, FrontierConfig, RevisitConfig, RobotsConfig, MongoConfig):
+        for f, setting, _ in setting_fields(cls):
+            if setting == name:
+                return cls, f.name
+    raise AssertionError(f"no Config reads {name}")
+
+
+def _deprecations(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "project.frontier.compat" and r.levelno == logging.WARNING
+    ]
+
+
+def test_every_former_name_has_a_value_here() -> None:
+    assert set(_FORMER_VALUES) == set(RENAMED)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED.items()))
+def test_a_former_name_still_works_and_logs_one_deprecation_line(
+    old: str, new: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cls, field = _field_of(new)
+    settings = Settings({old: _FORMER_VALUES[old]})
+    with caplog.at_level(logging.WARNING, logger="project.frontier.compat"):
+        values = read_settings(cls, settings)
+        read_settings(cls, settings)  # a node parses its Configs several times
+    assert values[field] == _FORMER_VALUES[old]
+    assert _deprecations(caplog) == [f"{old} is deprecated: it is now named {new} (rename it)"]
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED.items()))
+def test_with_both_names_set_the_new_one_wins_and_the_log_says_so(
+    old: str, new: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cls, field = _field_of(new)
+    default = dict(read_settings(cls, Settings()))[field]
+    settings = Settings({old: _FORMER_VALUES[old], new: default})
+    with caplog.at_level(logging.WARNING, logger="project.frontier.compat"):
+        values = read_settings(cls, settings)
+    assert values[field] == default
+    (line,) = _deprecations(caplog)
+    assert line.startswith(f"{old} and {new} are both set: {new} wins")
+
+
+def test_a_former_name_reaches_the_node_limits_the_addon_derives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="project.frontier.compat"):
+        settings = _settings(FLEET_SITE_CONCURRENCY=100)
+    assert settings.getint("CONCURRENT_REQUESTS") == 100
+    assert FrontierConfig.from_settings(settings).limits.concurrency == 100
+    line = "FLEET_SITE_CONCURRENCY is deprecated: it is now named FRONTIER_SITE_CONCURRENCY"
+    assert _deprecations(caplog) == [f"{line} (rename it)"]
+
+
+@pytest.mark.parametrize("name", sorted(RETIRED))
+def test_a_retired_setting_is_ignored_saying_so_at_start(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="project.frontier.compat"):
+        _settings(**{name: 1})
+    (line,) = _deprecations(caplog)
+    assert line == (
+        f"{name} is no longer a setting and is ignored: the constant {RETIRED[name]} holds"
+    )

@@ -391,12 +391,12 @@ def test_frontier_config_reads_the_settings_a_node_is_given(redis_url: str, keys
     [
         ({"FRONTIER_LEASE_SECONDS": 10, "FRONTIER_HEARTBEAT_SECONDS": 10}, "below"),
         ({"FRONTIER_BATCH_MAX": 0}, "FRONTIER_BATCH_MAX"),
-        ({"FLEET_SITE_KEY": "path"}, "FLEET_SITE_KEY"),
+        ({"FRONTIER_SITE_KEY": "path"}, "FRONTIER_SITE_KEY"),
         ({"FRONTIER_NODE_ID": "a\nb"}, "newline"),
         ({"FRONTIER_LEASE_SECONDS": "soon"}, "FRONTIER_LEASE_SECONDS"),
-        ({"FLEET_SITE_CONCURRENCY": -1}, "FLEET_SITE_CONCURRENCY"),
-        ({"FLEET_SITE_LIMITS": {"a": {"speed": 1}}}, "FLEET_SITE_LIMITS"),
-        ({"FLEET_SITE_LIMITS": "not json"}, "FLEET_SITE_LIMITS"),
+        ({"FRONTIER_SITE_CONCURRENCY": -1}, "FRONTIER_SITE_CONCURRENCY"),
+        ({"FRONTIER_SITE_LIMITS": {"a": {"speed": 1}}}, "FRONTIER_SITE_LIMITS"),
+        ({"FRONTIER_SITE_LIMITS": "not json"}, "FRONTIER_SITE_LIMITS"),
     ],
 )
 def test_frontier_config_refuses_what_cannot_work(settings: dict[str, Any], message: str) -> None:

@@ -48,6 +48,7 @@ from project.frontier.queue import LeasedQueue, StepBatch
 from project.frontier.seeds import MAX_PRIORITY, InvalidSeed, Seed, parse_seed
 from project.frontier.sites import MAX_URL_LENGTH, site_of
 from project.frontier.wire import NODE_LOCAL_META, check_meta, decode_request, encode_request
+from project.monitoring.status import PRIORITY_BAND
 from spiders.products import ProductsSpider
 
 #: Raises every test's max_examples (an on-demand run: FUZZ_EXAMPLES=2000).
@@ -558,7 +559,6 @@ def test_a_site_never_holds_a_newline(url: str) -> None:
 
 NODES = ("node-a", "node-b")
 _PRIORITY_LIMIT = 100_000  # lib/site_queues.lua's PRIORITY_LIMIT
-_PRIORITY_BAND = 1e10  # and its PRIORITY_BAND
 
 #: Sites as site_of() makes them, and hostile ones (anything but "\n": see above).
 sites = st.one_of(
@@ -882,7 +882,7 @@ class FrontierMachine(RuleBasedStateMachine):
         for payload, s, priority in added:
             assert now_requests[payload] == 1, "an added request is queued (or leased already)"
             for score in [sc for p, sc in after.queues.get(s, []) if p == payload]:
-                assert -math.floor(score / _PRIORITY_BAND) == priority
+                assert -math.floor(score / PRIORITY_BAND) == priority
         # phase 2: only held leases settle, each once; the rest of the retries and dead are stale
         held, settled, stale = set(before.inflight), [], 0
         for e, member in enumerate(

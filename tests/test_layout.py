@@ -291,7 +291,7 @@ def test_the_frontiers_meta_keys_have_one_home() -> None:
 # -- one home per default ----------------------------------------------------------------------
 
 
-_ROW = re.compile(r"^\|\s*`([A-Z][A-Z0-9_]+)`\s*\|([^|]*)\|([^|]*)\|(.*)\|\s*$", re.MULTILINE)
+_ROW = re.compile(r"^\|\s*`([A-Z][A-Z0-9_]+)`\s*\|([^|\n]*)\|([^|\n]*)\|(.*)\|\s*$", re.MULTILINE)
 _GETTERS = {"get", "getint", "getfloat", "getbool", "getlist", "getdict", "getpriority",
             "getwithbase", "setdefault", "setdefault_in_component_priority_dict"}  # fmt: skip
 
@@ -378,6 +378,207 @@ def test_the_reference_gives_the_configs_default(name: str) -> None:
     if isinstance(default, (tuple, frozenset)):
         default = list(default)
     assert documented == default, f"{name}: docs say {cell}, the code says {default!r}"
+
+
+def _same_literal(node: ast.AST, value: object) -> bool:
+    if not isinstance(node, ast.Constant) or isinstance(value, (list, dict, tuple, set)):
+        return False
+    if isinstance(value, float) and type(node.value) is int:
+        return node.value == value
+    return type(node.value) is type(value) and node.value == value
+
+
+def _address(default: object) -> str | None:
+    """``scheme://host:port`` of a default that is an address."""
+    match = re.match(r"[a-z+]+://[^/]+", default) if isinstance(default, str) else None
+    return match[0] if match else None
+
+
+def _leaves(tree: ast.AST) -> list[ast.stmt]:
+    """Statements that hold no other statements (an assignment, a return, a call)."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.stmt)
+        and not any(isinstance(child, ast.stmt) for child in ast.iter_child_nodes(node))
+    ]
+
+
+def _beside_names(stmt: ast.stmt, names: set[str]) -> list[tuple[str, list[ast.expr]]]:
+    """``(name, values beside it)`` for each setting name in *stmt*: the other arguments of
+    the call it is an argument of, its value in a dict, the alternatives of its ``or``."""
+    parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(stmt):
+        if not (isinstance(node, ast.Constant) and node.value in names):
+            continue
+        parent = parents.get(node)
+        beside: list[ast.expr] = []
+        if isinstance(parent, ast.Call):
+            beside = [a for a in parent.args if a is not node] + [k.value for k in parent.keywords]
+            grand = parents.get(parent)
+            if isinstance(grand, ast.BoolOp):  # settings.get("NAME") or 32
+                beside += [v for v in grand.values if v is not parent]
+        elif isinstance(parent, ast.Dict):
+            beside = [v for k, v in zip(parent.keys, parent.values, strict=True) if k is node]
+        found.append((str(node.value), beside))
+    return found
+
+
+def _defaults_by_name_and_field() -> tuple[dict[str, object], dict[str, list[tuple[str, object]]]]:
+    by_name: dict[str, object] = {}
+    by_field: dict[str, list[tuple[str, object]]] = {}
+    for cls in _config_classes():
+        for f, name, default in setting_fields(cls):
+            by_name[name] = default
+            by_field.setdefault(f.name, []).append((name, default))
+    return by_name, by_field
+
+
+def _repeats(source: str, where: str) -> list[str]:
+    """Literals in *source* that repeat a ``setting()`` default next to that setting.
+
+    1. The setting's name (the string ``"FRONTIER_SITE_CONCURRENCY"``) with its default as a
+       literal beside it: another argument of one call (``settings.getint(NAME, 32)``), its
+       value in a dict (``{"RETRY_TIMES": 3}``), the fallback of an ``or``.
+    2. A text default assigned to a name, field or keyword called like the Config field it is
+       the default of (``redis_url: str = "redis://..."`` in another Config).
+    3. The ``scheme://host:port`` of an address default in any literal but the default itself.
+
+    The ``setting()`` call itself is the one home; a default named by a constant is no
+    literal. Numbers are only compared beside their setting's name, so an unrelated 30.0
+    (a Redis socket timeout) is never taken for ``MONGO_SOCKET_TIMEOUT``.
+    """
+    by_name, by_field = _defaults_by_name_and_field()
+    addresses = {name: a for name, d in by_name.items() if (a := _address(d))}
+    found = []
+    for stmt in _leaves(ast.parse(source)):
+        nodes = list(ast.walk(stmt))
+        if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setting"
+            for n in nodes
+        ):
+            continue
+        text = ast.unparse(stmt)[:80]
+        for name, beside in _beside_names(stmt, set(by_name)):
+            if any(_same_literal(n, by_name[name]) for n in beside):
+                found.append(f"{where}:{stmt.lineno}: {name}'s default in {text}")
+        assigned = [(k.arg, k.value) for n in nodes if isinstance(n, ast.Call) for k in n.keywords]
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            assigned.append((stmt.target.id, stmt.value))
+        if isinstance(stmt, ast.Assign):
+            assigned += [(t.id, stmt.value) for t in stmt.targets if isinstance(t, ast.Name)]
+        for field_name, value in assigned:
+            for name, default in by_field.get(field_name or "", []):
+                if isinstance(default, str) and default and _same_literal(value, default):  # type: ignore[arg-type]
+                    found.append(f"{where}:{stmt.lineno}: {name}'s default in {text}")
+        for n in nodes:
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                for name, address in addresses.items():
+                    if address in n.value and n.value != by_name[name]:
+                        found.append(f"{where}:{n.lineno}: {name}'s address in {n.value!r}")
+    return found
+
+
+def _repeated_defaults() -> list[str]:
+    sources = {
+        str(path.relative_to(ROOT)): path.read_text()
+        for package in RUNTIME
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    found = [line for where, source in sources.items() for line in _repeats(source, where)]
+    # an address default's literal itself, once: a second copy is a second home
+    for name, default in _defaults_by_name_and_field()[0].items():
+        if _address(default):
+            copies = [
+                where
+                for where, source in sources.items()
+                for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.Constant) and n.value == default
+            ]
+            if len(copies) > 1:
+                found.append(f"{name}'s default {default!r} is written in {copies}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'caps = [settings.getint("FRONTIER_SITE_CONCURRENCY", 32)]',
+        'rate = settings.getfloat("FRONTIER_SITE_RATE", default=0.0)',
+        'batch = settings.get("MONGO_BATCH_SIZE") or 100',
+        '_SETTINGS = {"ROBOTSTXT_OBEY": True, "RETRY_TIMES": 3}',
+        'redis_url: str = "redis://127.0.0.1:6379/0"',
+        'URL = "redis://127.0.0.1:6379"',
+        'client = connect(uri="mongodb://127.0.0.1:27017/admin")',
+    ],
+)
+def test_the_default_check_finds_a_repeated_default(source: str) -> None:
+    assert len(_repeats(source, "snippet")) == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'concurrency = settings.getint("FRONTIER_SITE_CONCURRENCY")',
+        "client = redis.Redis(socket_timeout=30.0)",  # not MONGO_SOCKET_TIMEOUT
+        '_SETTINGS = {"RETRY_TIMES": FLEET_RETRY_TIMES, "DOWNLOAD_MAXSIZE": 3}',
+        'raise NotConfigured("FRONTIER_BATCH_MAX must be between 1 and 2000")',
+        'hint = "put the database in REDIS_URL (redis://host:6379/N)"',
+        'limit = settings.getint("FRONTIER_BATCH_MAX") or 1',
+    ],
+)
+def test_the_default_check_leaves_other_literals_alone(source: str) -> None:
+    assert _repeats(source, "snippet") == []
+
+
+def test_no_code_repeats_a_settings_default() -> None:
+    """Every default lives in its Config's ``setting()`` (or a constant it names), never twice."""
+    assert _repeated_defaults() == []
+
+
+#: The fleet's own prefixes, one per component (docs/settings.md, "Names").
+_PREFIXES = ("FRONTIER_", "MONGO_", "VALIDATION_", "RUNS_", "PLAYWRIGHT_", "MONITOR_", "DASHBOARD_")
+#: Names of Scrapy, scrapy-redis and scrapy-playwright the Configs read as they are.
+_LIBRARY_NAMES = re.compile(
+    r"(REDIS_\w+|SCHEDULER_\w+|MAX_IDLE_TIME_BEFORE_CLOSE|DUPEFILTER_DEBUG|DOWNLOAD_SLOTS"
+    r"|RETRY_(ENABLED|TIMES|HTTP_CODES|PRIORITY_ADJUST))"
+)
+
+
+def test_every_fleet_setting_carries_its_components_prefix() -> None:
+    odd = [
+        name
+        for name in _setting_defaults()
+        if not name.startswith(_PREFIXES) and not _LIBRARY_NAMES.fullmatch(name)
+    ]
+    assert odd == []
+
+
+def test_the_reference_opens_with_the_essentials_then_tuning_then_internals() -> None:
+    text = (ROOT / "docs" / "settings.md").read_text()
+    tiers = re.findall(r"^## (Essentials|Tuning|Internals)$", text, re.MULTILINE)
+    assert tiers == ["Essentials", "Tuning", "Internals"]
+    first = re.search(r"^## .*$", text, re.MULTILINE)
+    assert first is not None
+    assert first[0] == "## Essentials"
+    essentials = text.split("## Essentials", 1)[1].split("## Tuning", 1)[0]
+    assert 0 < len(_ROW.findall(essentials)) <= 15
+    names = [m[1] for m in _ROW.finditer(text)]
+    assert len(names) == len(set(names)), "a setting documented twice"
+
+
+def test_the_reference_lists_every_former_name() -> None:
+    from project.frontier.compat import RENAMED, RETIRED
+
+    text = (ROOT / "docs" / "settings.md").read_text()
+    former = text.split("## Former names", 1)[1]
+    for old, new in RENAMED.items():
+        assert f"| `{old}` | `{new}` |" in former
+    for old in RETIRED:
+        assert f"- `{old}`:" in former
+    assert not set(RENAMED) & set(_setting_defaults()), "a former name is a setting again"
+    assert not set(RETIRED) & set(_setting_defaults()), "a retired name is a setting again"
 
 
 def test_the_reference_lists_chromiums_flags() -> None:

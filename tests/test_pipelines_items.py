@@ -160,7 +160,7 @@ def pipelines(
             "MONGO_JOURNAL_DIR": str(journal),
             "MONGO_FLUSH_INTERVAL": 0.2,
             "MONGO_SERVER_SELECTION_TIMEOUT": 1.0,
-            "CRAWL_ID": "unit",
+            "RUNS_CRAWL_ID": "unit",
             **settings,
         },
     )

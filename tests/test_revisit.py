@@ -67,8 +67,8 @@ def test_durations(text: object, seconds: float) -> None:
     "text", ["", "1y", "-1h", "h", "1h30m", True, None, "9" * 400, "1e9d", [1]]
 )
 def test_garbage_durations_are_refused_naming_the_setting(text: object) -> None:
-    with pytest.raises(NotConfigured, match="FLEET_REVISIT"):
-        parse_duration(text, "FLEET_REVISIT['x']")
+    with pytest.raises(NotConfigured, match="FRONTIER_REVISIT"):
+        parse_duration(text, "FRONTIER_REVISIT['x']")
 
 
 def test_policies_match_by_pattern_then_callback_in_order() -> None:
@@ -107,8 +107,8 @@ def test_adaptive_intervals_move_within_their_bounds() -> None:
     for _ in range(50):
         interval = adaptive.next_interval(interval, 86400, changed=True)
     assert interval == 3600
-    with pytest.raises(NotConfigured, match="FLEET_REVISIT_MIN"):
-        _config(FLEET_REVISIT={".": "1d"}, FLEET_REVISIT_MIN="2d", FLEET_REVISIT_MAX="1d")
+    with pytest.raises(NotConfigured, match="FRONTIER_REVISIT_MIN"):
+        _config(FRONTIER_REVISIT={".": "1d"}, FRONTIER_REVISIT_MIN="2d", FRONTIER_REVISIT_MAX="1d")
 
 
 # -- the step script's revisit phase -------------------------------------------------------

@@ -64,9 +64,9 @@ def test_a_projects_own_limits_win_and_are_warned_about_with_numbers() -> None:
     lines = unreachable(settings, FrontierConfig.from_settings(settings))
     assert len(lines) == 2
     assert "CONCURRENT_REQUESTS_PER_DOMAIN=1" in lines[0]
-    assert "32 such nodes reach FLEET_SITE_CONCURRENCY=32" in lines[0]
+    assert "32 such nodes reach FRONTIER_SITE_CONCURRENCY=32" in lines[0]
     assert "DOWNLOAD_DELAY=1" in lines[1]
-    assert "FLEET_SITE_RATE" in lines[1]
+    assert "FRONTIER_SITE_RATE" in lines[1]
     # the derived values say nothing
     settings = _settings()
     FleetAddon().update_settings(settings)
@@ -99,7 +99,7 @@ def test_a_node_limited_per_site_says_so_at_start(fleet: Fleet, make_shop) -> No
     assert fleet.wait(120) == [0]
     log = fleet.log(0)
     assert "Site cap unreachable: CONCURRENT_REQUESTS_PER_DOMAIN=2 lets this node" in log
-    assert "16 such nodes reach FLEET_SITE_CONCURRENCY=32" in log
+    assert "16 such nodes reach FRONTIER_SITE_CONCURRENCY=32" in log
     assert fleet.stat(0, "frontier/politeness/node_limits") == 1
 
 

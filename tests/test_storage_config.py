@@ -1,4 +1,4 @@
-"""The ``MONGO_*``, ``CRAWL_ID`` and ``VALIDATION_*`` settings, parsed by their Config classes."""
+"""The ``MONGO_*``, ``RUNS_CRAWL_ID`` and ``VALIDATION_*`` settings, parsed by their Config classes."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_config_reads_settings() -> None:
             "MONGO_FLUSH_INTERVAL": "0.5",
             "MONGO_JOURNAL_DIR": "/var/j/{database}-{spider}",
             "MONGO_WRITE_CONCERN": "2",
-            "CRAWL_ID": "nightly-7",
+            "RUNS_CRAWL_ID": "nightly-7",
         }
     )
     config = MongoConfig.from_settings(settings, spider_name="books")
@@ -147,7 +147,7 @@ def test_every_setting_has_a_default() -> None:
     assert names >= {
         "MONGO_URI", "MONGO_DATABASE", "MONGO_PRODUCTS_COLLECTION", "MONGO_REJECTS_COLLECTION",
         "MONGO_FAILURES_COLLECTION", "MONGO_BATCH_SIZE", "MONGO_FLUSH_INTERVAL", "MONGO_JOURNAL_DIR",
-        "MONGO_RETRY_MAX_DELAY", "MONGO_WRITE_CONCERN", "CRAWL_ID", "VALIDATION_ENABLED",
+        "MONGO_RETRY_MAX_DELAY", "MONGO_WRITE_CONCERN", "RUNS_CRAWL_ID", "VALIDATION_ENABLED",
     }  # fmt: skip
 
 

@@ -231,7 +231,10 @@ def two_crawls(
         try:
             for number in (1, 2):
                 settings = crawl_settings(
-                    services.mongo_url, database, directory / "journal", CRAWL_ID=f"crawl-{number}"
+                    services.mongo_url,
+                    database,
+                    directory / "journal",
+                    RUNS_CRAWL_ID=f"crawl-{number}",
                 )
                 crawl = Crawl(directory / str(number), settings, shop.url("/"))
                 result[f"stats{number}"] = crawl.wait(60)

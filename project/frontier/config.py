@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import redis.asyncio
 from scrapy.exceptions import NotConfigured
+from scrapy.settings import default_settings
 from scrapy.utils.misc import load_object
 
 from project.config import read_settings, setting
@@ -22,9 +23,33 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.settings import BaseSettings
 
-__all__ = ["FrontierConfig", "RetryConfig", "SiteLimits", "default_node_id"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "FLEET_RETRY_TIMES",
+    "IDLE_POLL_MAX",
+    "SEED_MAX_BYTES",
+    "SITE_IP_TTL",
+    "FrontierConfig",
+    "RetryConfig",
+    "SiteLimits",
+    "default_node_id",
+]
 
 _RETRY_HTTP_CODES = [500, 502, 503, 504, 522, 524, 408, 429]
+
+#: REDIS_URL's default: the one place it is written (the monitor and readers import it).
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: RETRY_TIMES on the fleet, one more than Scrapy's 2: a retry waits in Redis, not in a node
+#: (the add-on writes it into the settings unless the project sets RETRY_TIMES).
+FLEET_RETRY_TIMES = 3
+
+# Former settings, constants now (project.frontier.compat.RETIRED): no deployment set them.
+#: Longest wait between two polls of an idle node (it backs off up to this), in seconds.
+IDLE_POLL_MAX = 0.5
+#: A larger seed is dead-lettered unread: what one entry of the seeds' key may cost.
+SEED_MAX_BYTES = 65536
+#: With FRONTIER_SITE_KEY = "ip", seconds a node keeps a host name's address.
+SITE_IP_TTL = 300.0
 
 
 def default_node_id() -> str:
@@ -36,19 +61,19 @@ def default_node_id() -> str:
 class SiteLimits:
     """Fleet-wide politeness defaults of every site; per-site caps live in Redis."""
 
-    rate: float = setting("FLEET_SITE_RATE", 0.0)
-    concurrency: int = setting("FLEET_SITE_CONCURRENCY", 32)
-    burst_seconds: float = setting("FLEET_BURST_SECONDS", 0.1)
-    adaptive: bool = setting("FLEET_AUTOTHROTTLE_ENABLED", False)
-    target_concurrency: float = setting("FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY", 4.0)
-    min_rate: float = setting("FLEET_AUTOTHROTTLE_MIN_RATE", 0.5)
-    start_rate: float = setting("FLEET_AUTOTHROTTLE_START_RATE", 2.0)
+    rate: float = setting("FRONTIER_SITE_RATE", 0.0)
+    concurrency: int = setting("FRONTIER_SITE_CONCURRENCY", 32)
+    burst_seconds: float = setting("FRONTIER_BURST_SECONDS", 0.1)
+    adaptive: bool = setting("FRONTIER_AUTOTHROTTLE_ENABLED", False)
+    target_concurrency: float = setting("FRONTIER_AUTOTHROTTLE_TARGET_CONCURRENCY", 4.0)
+    min_rate: float = setting("FRONTIER_AUTOTHROTTLE_MIN_RATE", 0.5)
+    start_rate: float = setting("FRONTIER_AUTOTHROTTLE_START_RATE", 2.0)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
         limits = cls(**read_settings(cls, settings))
         if limits.rate < 0 or limits.concurrency < 0:
-            raise NotConfigured("FLEET_SITE_RATE and FLEET_SITE_CONCURRENCY must be >= 0")
+            raise NotConfigured("FRONTIER_SITE_RATE and FRONTIER_SITE_CONCURRENCY must be >= 0")
         return limits
 
 
@@ -64,16 +89,16 @@ class FrontierConfig:
     prefetch: int = setting("FRONTIER_PREFETCH", 4)
     batch_max: int = setting("FRONTIER_BATCH_MAX", 500)
     seed_batch: int = setting("FRONTIER_SEED_BATCH", 4)
-    seed_max_bytes: int = setting("FRONTIER_SEED_MAX_BYTES", 65536)
+    seed_max_bytes: int = SEED_MAX_BYTES
     idle_grace: float = setting("FRONTIER_IDLE_GRACE", 5.0)
     keep_alive: bool = setting("FRONTIER_KEEP_ALIVE", False)
-    idle_poll_max: float = setting("FRONTIER_IDLE_POLL_MAX", 0.5)
+    idle_poll_max: float = IDLE_POLL_MAX
     maintenance_seconds: float = setting("FRONTIER_MAINTENANCE_SECONDS", 1.0)
     max_lease_seconds: float = setting("FRONTIER_MAX_LEASE_SECONDS", 600.0)
     max_deliveries: int = setting("FRONTIER_MAX_DELIVERIES", 3)
     #: How long a starting node waits for Redis before it gives up.
     connect_timeout: float = setting("FRONTIER_CONNECT_TIMEOUT", 20.0)
-    redis_url: str = setting("REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis_url: str = setting("REDIS_URL", DEFAULT_REDIS_URL)
     #: scrapy-redis' way to name the server, used when REDIS_URL is not set.
     redis_host: str = setting("REDIS_HOST", "", shown="unset (REDIS_URL)")
     redis_port: int = setting("REDIS_PORT", 0, shown="unset (REDIS_URL)")
@@ -90,20 +115,20 @@ class FrontierConfig:
     max_idle_time: int = setting("MAX_IDLE_TIME_BEFORE_CLOSE", -1, shown="unset")
     #: Scrapy's: log every request the seen-set filters, not only the first.
     dupefilter_debug: bool = setting("DUPEFILTER_DEBUG", False)
-    site_key: str = setting("FLEET_SITE_KEY", "domain")
-    site_ip_ttl: float = setting("FLEET_SITE_IP_TTL", 300.0)
+    site_key: str = setting("FRONTIER_SITE_KEY", "domain")
+    site_ip_ttl: float = SITE_IP_TTL
     #: "seeds": requests found on pages stay on the seeds' sites; "any": they may go anywhere
     #: public (a spider's allowed_domains, when it has them, decide instead).
     follow: str = setting("FRONTIER_FOLLOW", "seeds")
     allowed_sites: list[str] = setting("FRONTIER_ALLOWED_SITES", [])
-    site_limits: dict[str, dict[str, float]] = setting("FLEET_SITE_LIMITS", {})
+    site_limits: dict[str, dict[str, float]] = setting("FRONTIER_SITE_LIMITS", {})
     #: Scrapy's per-slot concurrency and delay: fleet-wide caps of those sites too.
     download_slots: dict[str, dict[str, Any]] = setting("DOWNLOAD_SLOTS", {})
     #: Scrapy's CONCURRENT_REQUESTS: what the node downloads at once.
-    concurrency: int = 16
+    concurrency: int = default_settings.CONCURRENT_REQUESTS
     limits: SiteLimits = field(default_factory=SiteLimits)
     #: One server, a Redis Cluster or Sentinel's master (REDIS_CLUSTER*, REDIS_SENTINEL*).
-    target: RedisTarget = field(default_factory=lambda: RedisTarget("redis://127.0.0.1:6379/0"))
+    target: RedisTarget = field(default_factory=lambda: RedisTarget(DEFAULT_REDIS_URL))
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -156,7 +181,9 @@ class FrontierConfig:
         if config.follow not in {"seeds", "any"}:
             raise NotConfigured(f"FRONTIER_FOLLOW must be 'seeds' or 'any', not {config.follow!r}")
         if config.site_key not in {"domain", "ip"}:
-            raise NotConfigured(f"FLEET_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}")
+            raise NotConfigured(
+                f"FRONTIER_SITE_KEY must be 'domain' or 'ip', not {config.site_key!r}"
+            )
         if "\n" in config.node_id:
             raise NotConfigured("FRONTIER_NODE_ID must not contain a newline")
         for slot, spec in config.download_slots.items():
@@ -169,7 +196,7 @@ class FrontierConfig:
         for site, spec in config.site_limits.items():
             if not isinstance(spec, dict) or set(spec) - {"rate", "concurrency"}:
                 raise NotConfigured(
-                    f"FLEET_SITE_LIMITS[{site!r}] must be like {{'rate': 2, 'concurrency': 4}}"
+                    f"FRONTIER_SITE_LIMITS[{site!r}] must be like {{'rate': 2, 'concurrency': 4}}"
                 )
         return config
 
@@ -249,9 +276,9 @@ def _redis_params(url: str, params: dict[str, Any]) -> dict[str, Any]:
 class RetryConfig:
     """Retry settings of the frontier's retry middleware."""
 
-    #: Scrapy's retry settings; the add-on makes RETRY_TIMES 3 unless the project sets it.
+    #: Scrapy's retry settings; the add-on writes FLEET_RETRY_TIMES unless the project sets it.
     enabled: bool = setting("RETRY_ENABLED", True)
-    max_retries: int = setting("RETRY_TIMES", 3)
+    max_retries: int = setting("RETRY_TIMES", FLEET_RETRY_TIMES)
     http_codes: list[int] = setting("RETRY_HTTP_CODES", _RETRY_HTTP_CODES)
     priority_adjust: int = setting("RETRY_PRIORITY_ADJUST", -1)
     backoff_base: float = setting("FRONTIER_RETRY_BACKOFF_BASE", 1.0)

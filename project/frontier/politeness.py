@@ -3,7 +3,7 @@
 Scrapy's ``CONCURRENT_REQUESTS_PER_DOMAIN`` (8), ``CONCURRENT_REQUESTS_PER_IP``,
 ``DOWNLOAD_DELAY`` and AutoThrottle act per process: on a fleet they say nothing
 about the site, only about one node. The fleet limits a site in Redis
-(``FLEET_SITE_CONCURRENCY``, ``FLEET_SITE_RATE``, ``FLEET_SITE_LIMITS``). So the add-on
+(``FRONTIER_SITE_CONCURRENCY``, ``FRONTIER_SITE_RATE``, ``FRONTIER_SITE_LIMITS``). So the add-on
 derives the node's own limits from the fleet's (:func:`derive`), and a node whose
 project set them lower says so at start, with the numbers (:func:`unreachable`).
 """
@@ -13,16 +13,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from scrapy.settings import default_settings
+
+from project.config import read_field
+from project.frontier.config import FrontierConfig, SiteLimits
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
-
-    from project.frontier.config import FrontierConfig
 
 __all__ = ["MAX_DERIVED_CONCURRENCY", "derive", "fleet_cap", "unreachable"]
 
 #: A node never derives more downloads at once than this from the fleet's caps.
 MAX_DERIVED_CONCURRENCY = 256
-_SCRAPY_CONCURRENCY = 16  # Scrapy's CONCURRENT_REQUESTS
+_SCRAPY_CONCURRENCY: int = default_settings.CONCURRENT_REQUESTS
 
 
 def _unset(settings: BaseSettings, name: str) -> bool:
@@ -31,9 +34,9 @@ def _unset(settings: BaseSettings, name: str) -> bool:
 
 def fleet_cap(settings: BaseSettings) -> int:
     """The largest fleet-wide concurrency of any one site (0: some site has none)."""
-    caps = [settings.getint("FLEET_SITE_CONCURRENCY", 32)]
-    for name in ("FLEET_SITE_LIMITS", "DOWNLOAD_SLOTS"):
-        specs = (settings.getdict(name) or {}).values()
+    caps = [read_field(SiteLimits, "concurrency", settings)]
+    for name in ("site_limits", "download_slots"):
+        specs = (read_field(FrontierConfig, name, settings) or {}).values()
         caps += [
             int(s["concurrency"] or 0) for s in specs if isinstance(s, dict) and "concurrency" in s
         ]
@@ -76,24 +79,24 @@ def unreachable(settings: BaseSettings, config: FrontierConfig) -> list[str]:
         if value <= 0 or value >= min(node, cap or node):
             continue
         if cap:
-            need = f"{math.ceil(cap / value)} such nodes reach FLEET_SITE_CONCURRENCY={cap}"
+            need = f"{math.ceil(cap / value)} such nodes reach FRONTIER_SITE_CONCURRENCY={cap}"
         else:
-            need = "FLEET_SITE_CONCURRENCY=0 sets no fleet cap at all"
+            need = "FRONTIER_SITE_CONCURRENCY=0 sets no fleet cap at all"
         lines.append(
             f"{name}={value} lets this node download only {value} request(s) of a site at"
             f" once ({need}); the fleet's cap limits the site for every node: drop {name}"
-            " and set FLEET_SITE_CONCURRENCY (or FLEET_SITE_LIMITS per site) instead"
+            " and set FRONTIER_SITE_CONCURRENCY (or FRONTIER_SITE_LIMITS per site) instead"
         )
     delay = settings.getfloat("DOWNLOAD_DELAY")
     if delay > 0:
         lines.append(
             f"DOWNLOAD_DELAY={delay:g} spaces this node's requests to a site by {delay:g}s"
             f" (at most {1 / delay:.3g} request(s)/s per site per node, and N nodes send N times"
-            " that): drop it and set FLEET_SITE_RATE (requests/s for the whole fleet) instead"
+            " that): drop it and set FRONTIER_SITE_RATE (requests/s for the whole fleet) instead"
         )
     if settings.getbool("AUTOTHROTTLE_ENABLED"):
         lines.append(
-            "AUTOTHROTTLE_ENABLED throttles each node on its own: use FLEET_AUTOTHROTTLE_ENABLED,"
+            "AUTOTHROTTLE_ENABLED throttles each node on its own: use FRONTIER_AUTOTHROTTLE_ENABLED,"
             " which adapts one rate per site for the fleet"
         )
     return lines

@@ -1,6 +1,6 @@
 """Revisits: seen URLs fetched again once their interval passed, conditionally.
 
-``FLEET_REVISIT`` maps URL patterns (regular expressions searched in the URL) and callbacks
+``FRONTIER_REVISIT`` maps URL patterns (regular expressions searched in the URL) and callbacks
 (``"@parse_product"``) to intervals (``"1h"``, ``"1d"``, seconds). A request it matches is
 enqueued in revisit mode: dropped as seen, unless the interval since its last fetch passed
 (lua/step/revisit.lua keeps, per such URL only, what that fetch left). With
@@ -11,8 +11,8 @@ A revisit carries the last fetch's validators (``If-None-Match``, ``If-Modified-
 get ``last_seen`` bumped. Otherwise the page is parsed, and its body's hash tells changed
 from unchanged. ``revisit/not_modified``, ``revisit/changed``, ``revisit/unchanged`` count them.
 
-``FLEET_REVISIT_ADAPTIVE``: a URL's interval shrinks by a fifth when its page changed and
-grows by two fifths when it did not, within ``FLEET_REVISIT_MIN`` and ``FLEET_REVISIT_MAX``
+``FRONTIER_REVISIT_ADAPTIVE``: a URL's interval shrinks by a fifth when its page changed and
+grows by two fifths when it did not, within ``FRONTIER_REVISIT_MIN`` and ``FRONTIER_REVISIT_MAX``
 (Nutch's AdaptiveFetchSchedule: ``inc_rate`` 0.4, ``dec_rate`` 0.2).
 """
 
@@ -83,29 +83,37 @@ def parse_duration(value: object, name: str = "duration") -> float:
     return seconds
 
 
+#: FRONTIER_REVISIT_MIN's and FRONTIER_REVISIT_MAX's defaults, which ``bounds`` holds in seconds.
+_MIN_INTERVAL, _MAX_INTERVAL = "1h", "14d"
+
+
 class NotModified(IgnoreRequest):
     """The page did not change since its last fetch (304): nothing to parse."""
 
 
 @dataclass(frozen=True)
 class RevisitConfig:
-    """FLEET_REVISIT_*: which URLs are fetched again, and how often."""
+    """FRONTIER_REVISIT_*: which URLs are fetched again, and how often."""
 
-    policies: dict[str, Any] = setting("FLEET_REVISIT", {})
-    adaptive: bool = setting("FLEET_REVISIT_ADAPTIVE", False)
-    min_interval: str = setting("FLEET_REVISIT_MIN", "1h")
-    max_interval: str = setting("FLEET_REVISIT_MAX", "14d")
+    policies: dict[str, Any] = setting("FRONTIER_REVISIT", {})
+    adaptive: bool = setting("FRONTIER_REVISIT_ADAPTIVE", False)
+    min_interval: str = setting("FRONTIER_REVISIT_MIN", _MIN_INTERVAL)
+    max_interval: str = setting("FRONTIER_REVISIT_MAX", _MAX_INTERVAL)
     rules: tuple[tuple[re.Pattern[str] | str, float], ...] = field(default=())
-    bounds: tuple[float, float] = (3600.0, 14 * 86400.0)
+    #: min_interval and max_interval in seconds
+    bounds: tuple[float, float] = (
+        parse_duration(_MIN_INTERVAL, "FRONTIER_REVISIT_MIN"),
+        parse_duration(_MAX_INTERVAL, "FRONTIER_REVISIT_MAX"),
+    )
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
         values = read_settings(cls, settings)
         rules: list[tuple[re.Pattern[str] | str, float]] = []
         for key, interval in values["policies"].items():
-            seconds = parse_duration(interval, f"FLEET_REVISIT[{key!r}]")
+            seconds = parse_duration(interval, f"FRONTIER_REVISIT[{key!r}]")
             if not isinstance(key, str) or not key:
-                raise NotConfigured(f"FLEET_REVISIT: {key!r} is not a URL pattern or @callback")
+                raise NotConfigured(f"FRONTIER_REVISIT: {key!r} is not a URL pattern or @callback")
             if key.startswith("@"):
                 rules.append((key[1:], seconds))
                 continue
@@ -113,12 +121,14 @@ class RevisitConfig:
                 rules.append((re.compile(key), seconds))
             except re.error as exc:
                 raise NotConfigured(
-                    f"FLEET_REVISIT[{key!r}]: not a regular expression ({exc})"
+                    f"FRONTIER_REVISIT[{key!r}]: not a regular expression ({exc})"
                 ) from exc
-        low = parse_duration(values["min_interval"], "FLEET_REVISIT_MIN")
-        high = parse_duration(values["max_interval"], "FLEET_REVISIT_MAX")
+        low = parse_duration(values["min_interval"], "FRONTIER_REVISIT_MIN")
+        high = parse_duration(values["max_interval"], "FRONTIER_REVISIT_MAX")
         if not 0 < low <= high:
-            raise NotConfigured("FLEET_REVISIT_MIN must be above 0 and at most FLEET_REVISIT_MAX")
+            raise NotConfigured(
+                "FRONTIER_REVISIT_MIN must be above 0 and at most FRONTIER_REVISIT_MAX"
+            )
         values["rules"], values["bounds"] = tuple(rules), (low, high)
         return cls(**values)
 
@@ -238,7 +248,7 @@ class RevisitLinksMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if not RevisitConfig.from_settings(crawler.settings).rules:
-            raise NotConfigured  # FLEET_REVISIT names no URLs (no args: Scrapy logs no WARNING)
+            raise NotConfigured  # FRONTIER_REVISIT names no URLs (no args: Scrapy logs no WARNING)
         return cls()
 
     @staticmethod
@@ -286,7 +296,7 @@ class RevisitMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = RevisitConfig.from_settings(crawler.settings)
         if not config.rules:
-            raise NotConfigured  # FLEET_REVISIT names no URLs (no args: Scrapy logs no WARNING)
+            raise NotConfigured  # FRONTIER_REVISIT names no URLs (no args: Scrapy logs no WARNING)
         assert crawler.stats is not None
         return cls(crawler, config, crawler.stats)
 

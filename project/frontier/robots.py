@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
-__all__ = ["ExpiringRobotsTxtMiddleware", "RobotsCacheMiddleware", "RobotsConfig"]
+__all__ = ["LOCK_SECONDS", "ExpiringRobotsTxtMiddleware", "RobotsCacheMiddleware", "RobotsConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +53,22 @@ logger = logging.getLogger(__name__)
 CACHED_FLAG = "fleet-robots-cache"
 
 
+#: How long one node may hold a site's robots.txt fetch: other nodes wait at most this long
+#: for its copy, then fetch it themselves (a former setting, project.frontier.compat.RETIRED).
+LOCK_SECONDS = 30.0
+
+
 @dataclass(frozen=True)
 class RobotsConfig:
     """How long a robots.txt copy serves the fleet, and how long one node may fetch it."""
 
-    max_age: float = setting("ROBOTSTXT_CACHE_SECONDS", 86400.0)
-    lock_seconds: float = setting("ROBOTSTXT_LOCK_SECONDS", 30.0)
+    max_age: float = setting("FRONTIER_ROBOTSTXT_CACHE_SECONDS", 86400.0)
+    lock_seconds: float = LOCK_SECONDS
     #: Longer robots.txt files are cut here, as Google does at 500 KiB.
-    max_bytes: int = setting("ROBOTSTXT_MAX_BYTES", 512000)
+    max_bytes: int = setting("FRONTIER_ROBOTSTXT_MAX_BYTES", 512000)
     #: Scrapy's ROBOTSTXT_USER_AGENT, else USER_AGENT: whose Crawl-delay applies.
     user_agent: str = ""
-    #: FLEET_SITE_CONCURRENCY: the cap a site keeps when its Crawl-delay sets its rate.
+    #: FRONTIER_SITE_CONCURRENCY: the cap a site keeps when its Crawl-delay sets its rate.
     concurrency: int = 0
 
     @classmethod
@@ -214,7 +219,7 @@ class RobotsCacheMiddleware:
             return
         site = site_of(request.url)
         if self._resolver is not None:
-            site = await self._resolver.resolve(site)  # FLEET_SITE_KEY = "ip": by address
+            site = await self._resolver.resolve(site)  # FRONTIER_SITE_KEY = "ip": by address
         rate = 1.0 / float(delay)
         try:
             current: Any = await self._server.hget(self._keys.limits, site)
@@ -233,7 +238,7 @@ class RobotsCacheMiddleware:
 
 
 class ExpiringRobotsTxtMiddleware(RobotsTxtMiddleware):
-    """Scrapy's RobotsTxtMiddleware, whose parsers expire after ``ROBOTSTXT_CACHE_SECONDS``.
+    """Scrapy's RobotsTxtMiddleware, whose parsers expire after ``FRONTIER_ROBOTSTXT_CACHE_SECONDS``.
 
     Scrapy keeps each site's parser for the life of the process; a node that crawls
     for days would never see a site change its robots.txt. Past the age the next

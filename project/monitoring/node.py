@@ -20,7 +20,7 @@ from scrapy.exceptions import NotConfigured
 
 from project.config import read_settings, setting
 from project.frontier import lua
-from project.frontier.config import FrontierConfig
+from project.frontier.config import DEFAULT_REDIS_URL, FrontierConfig
 from project.frontier.keys import FrontierKeys
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
@@ -58,9 +58,9 @@ class MonitorConfig:
     node_timeout: float = setting("MONITOR_NODE_TIMEOUT", 10.0)
     history_seconds: float = setting("MONITOR_HISTORY_SECONDS", 3600.0)
     rate_window: float = setting("MONITOR_RATE_WINDOW", 30.0)
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     #: Where the fleet's Redis is, for log lines (a cluster, Sentinel: not only REDIS_URL).
-    redis_name: str = "redis://127.0.0.1:6379/0"
+    redis_name: str = DEFAULT_REDIS_URL
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:

@@ -41,7 +41,8 @@ __all__ = [
     "site_table",
 ]
 
-#: Queue scores are -priority * PRIORITY_BAND + arrival sequence.
+#: Queue scores are -priority * PRIORITY_BAND + arrival sequence: the band lib/site_queues.lua
+#: scores with, the one Python copy (readers and tests import it from here).
 PRIORITY_BAND = 10_000_000_000
 #: Sites a status lists, most queued and in flight first; the others are only counted.
 SITES_LISTED = 20

@@ -3,7 +3,7 @@
 A run is one crawl of the fleet: it begins when the first node joins after the last run
 ended and ends when its last node leaves with the work done (lua/run_join.lua,
 lua/run_leave.lua). Its id (``<spider>-<UTC start>``) is every stored item's ``crawl_id``
-unless ``CRAWL_ID`` is set. The node that ends it writes the report (project/runs/report.py).
+unless ``RUNS_CRAWL_ID`` is set. The node that ends it writes the report (project/runs/report.py).
 With ``FRONTIER_KEEP_ALIVE`` a run ends each time the fleet runs out of work, and the next
 one begins with the next work (a seed, or revisits falling due).
 """

@@ -1,4 +1,4 @@
-"""The ``MONGO_*`` and ``CRAWL_ID`` settings, parsed and checked once."""
+"""The ``MONGO_*`` and ``RUNS_CRAWL_ID`` settings, parsed and checked once."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class MongoConfig:
     socket_timeout: float = setting("MONGO_SOCKET_TIMEOUT", 30.0)
     #: ``majority``, a number of members (``1``, ``2``, ...) or a tag set's name.
     write_concern: str = setting("MONGO_WRITE_CONCERN", "majority")
-    crawl_id: str = setting("CRAWL_ID", "", shown="<spider>-<start time, UTC>")
+    crawl_id: str = setting("RUNS_CRAWL_ID", "", shown="<spider>-<start time, UTC>")
     #: Item type (class name, dotted path or ``dict``) -> collection.
     collections: dict[str, str] = setting("MONGO_COLLECTIONS", {})
     #: Item type -> the fields whose values, joined with ``|``, are its ``_id``.
@@ -95,7 +95,7 @@ class MongoConfig:
     legacy_journal_dirs: tuple[Path, ...] = field(default=())
     #: The spider whose items these are (``source_spider`` of each document).
     spider: str = field(default="")
-    #: CRAWL_ID was set: the fleet's crawl run does not replace it.
+    #: RUNS_CRAWL_ID was set: the fleet's crawl run does not replace it.
     crawl_id_set: bool = field(default=False)
 
     @classmethod

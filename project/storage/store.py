@@ -137,7 +137,7 @@ class MongoStore:
         return _stores.get(crawler)
 
     def use_crawl_id(self, crawl_id: str) -> None:
-        """Stamp what is stored from now on with the fleet's crawl run (unless CRAWL_ID is set)."""
+        """Stamp what is stored from now on with the fleet's crawl run (unless RUNS_CRAWL_ID is set)."""
         if not self.config.crawl_id_set:
             self.config = dataclasses.replace(self.config, crawl_id=crawl_id)
 
