@@ -260,7 +260,7 @@ def test_robots_txt_is_fetched_once_for_the_fleet_and_its_crawl_delay_caps_the_s
 
     asyncio.run(main())
     assert json.loads(redis_client.hget(keys.robots, "shop.test"))["status"] == 200
-    # the site keeps the fleet's concurrency cap (FLEET_SITE_CONCURRENCY) under its new rate
+    # the site keeps the fleet's concurrency cap (FRONTIER_SITE_CONCURRENCY) under its new rate
     assert redis_client.hget(keys.limits, "shop.test") == b"2.0 32"
     assert not redis_client.exists(keys.robots_lock("shop.test"))
 
@@ -293,7 +293,7 @@ def test_a_redirected_robots_txt_is_cached_for_the_site_that_asked(
 
 def test_a_nodes_parsed_robots_txt_expires(redis_url: str, keyspace: KeySpace) -> None:
     """Scrapy's own parser cache lives as long as the process; the fleet's expires."""
-    crawler = _crawler(redis_url, keyspace, ROBOTSTXT_CACHE_SECONDS=0.3)
+    crawler = _crawler(redis_url, keyspace, FRONTIER_ROBOTSTXT_CACHE_SECONDS=0.3)
     crawler.stats.open_spider()
     bodies = iter([b"User-agent: *\nDisallow: /a\n", b"User-agent: *\nDisallow: /b\n"])
     fetched: list[str] = []
@@ -356,7 +356,7 @@ def test_a_config_read_from_empty_settings_is_its_defaults(cls: type) -> None:
 
 
 def test_robots_config_takes_scrapys_user_agent_and_the_fleets_concurrency() -> None:
-    config = RobotsConfig.from_settings(Settings({"FLEET_SITE_CONCURRENCY": 5}))
+    config = RobotsConfig.from_settings(Settings({"FRONTIER_SITE_CONCURRENCY": 5}))
     assert (config.max_age, config.lock_seconds, config.concurrency) == (86400.0, 30.0, 5)
     assert config.user_agent.startswith("Scrapy/")
     assert RobotsConfig.from_settings(Settings({"ROBOTSTXT_USER_AGENT": "me"})).user_agent == "me"
@@ -377,7 +377,7 @@ def test_frontier_config_reads_the_settings_a_node_is_given(redis_url: str, keys
         redis_url,
         keyspace,
         FRONTIER_LEASE_SECONDS="8",
-        FLEET_SITE_LIMITS='{"Shop.Test": {"rate": 2}}',
+        FRONTIER_SITE_LIMITS='{"Shop.Test": {"rate": 2}}',
         CONCURRENT_REQUESTS=4,
     )
     config = FrontierConfig.from_settings(crawler.settings)
@@ -525,7 +525,7 @@ def test_fast_discovery_settles_every_lease_without_a_reap(
     assert max(shop.stats()["hits"].values()) == 1, "a page was fetched twice"
 
 
-# -- FLEET_SITE_KEY = "ip": limits are written under the names leases are read by -----------------
+# -- FRONTIER_SITE_KEY = "ip": limits are written under the names leases are read by -----------------
 
 
 def test_ip_mode_writes_site_limits_and_crawl_delay_under_addresses(
@@ -534,8 +534,8 @@ def test_ip_mode_writes_site_limits_and_crawl_delay_under_addresses(
     crawler = _crawler(
         redis_url,
         keyspace,
-        FLEET_SITE_KEY="ip",
-        FLEET_SITE_LIMITS={"localhost:8080": {"rate": 2, "concurrency": 3}},
+        FRONTIER_SITE_KEY="ip",
+        FRONTIER_SITE_LIMITS={"localhost:8080": {"rate": 2, "concurrency": 3}},
         FRONTIER_ALLOWED_SITES=["localhost:8081"],
     )
 
@@ -595,8 +595,8 @@ def test_a_page_whose_item_was_not_stored_is_retried_not_acked(
 def test_a_huge_robots_txt_is_cut_before_it_is_parsed_or_shared(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, keys: FrontierKeys
 ) -> None:
-    """A robots.txt of any size costs at most ROBOTSTXT_MAX_BYTES, in Redis and parsed."""
-    crawler = _crawler(redis_url, keyspace, ROBOTSTXT_MAX_BYTES=1000)
+    """A robots.txt of any size costs at most FRONTIER_ROBOTSTXT_MAX_BYTES, in Redis and parsed."""
+    crawler = _crawler(redis_url, keyspace, FRONTIER_ROBOTSTXT_MAX_BYTES=1000)
 
     async def main() -> Response:
         middleware = build_from_crawler(RobotsCacheMiddleware, crawler)

@@ -298,7 +298,7 @@ def test_schedule_every_seeds_and_crawls_again_never_two_at_once(
         **FAST_SETTINGS,
         **keyspace.settings,
         "MONGO_DATABASE": mongo_db,
-        "FLEET_REVISIT": json.dumps({".": "1s"}),
+        "FRONTIER_REVISIT": json.dumps({".": "1s"}),
     }
     options = [arg for key, value in settings.items() for arg in ("-s", f"{key}={value}")]
     env = {"FLEETCRAWL_NODES": nodes, "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD,

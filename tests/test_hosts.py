@@ -76,7 +76,7 @@ def _crawling(
     """*nodes* nodes crawling a shop of *products* (6 downloads at once), node0 mid-crawl."""
     redis_url, mongo_url, shop = _services(network, products, latency_ms=latency_ms)
     fleet = network.fleet(
-        redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 6, **WAIT_FOR_SEED, **settings}
+        redis_url, mongo_url, settings={"FRONTIER_SITE_CONCURRENCY": 6, **WAIT_FOR_SEED, **settings}
     )
     client = network.redis(redis_url)
     db = network.mongo(mongo_url)[fleet.mongo_db]
@@ -109,7 +109,7 @@ def test_three_nodes_on_three_hosts_fetch_and_store_every_product_once(network: 
     products = 200
     redis_url, mongo_url, shop = _services(network, products, latency_ms=20)
     fleet = network.fleet(
-        redis_url, mongo_url, settings={"FLEET_SITE_CONCURRENCY": 12, **WAIT_FOR_SEED}
+        redis_url, mongo_url, settings={"FRONTIER_SITE_CONCURRENCY": 12, **WAIT_FOR_SEED}
     )
     client = network.redis(redis_url)
     for _ in range(3):

@@ -35,7 +35,7 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     shop = make_shop(products=400, latency_ms=20)
     fleet.seed(shop.url("/"))
     for _ in range(3):
-        fleet.start_node(FLEET_SITE_RATE=limit)
+        fleet.start_node(FRONTIER_SITE_RATE=limit)
     assert fleet.wait(120) == [0, 0, 0]
 
     rates = _steady_rates(shop)
@@ -43,7 +43,7 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     assert len(rates) >= 10
     assert max(rates) <= limit * 1.1 + 1, rates
     # Never above; below by what starved nodes lose under the suite's load: a node that
-    # wakes late loses the tokens past FLEET_BURST_SECONDS (0.1 s, two tokens here).
+    # wakes late loses the tokens past FRONTIER_BURST_SECONDS (0.1 s, two tokens here).
     assert limit * 0.8 <= statistics.mean(rates) <= limit * 1.05, rates
     # Whichever node asks first when tokens come due gets them: the split varies, but all work.
     assert all(fleet.stat(i, "frontier/dispatched") > 0 for i in range(3))
@@ -59,7 +59,7 @@ def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_s
     shop = make_shop(products=300, latency_ms=20)
     for _ in range(3):
         fleet.start_node(
-            FLEET_SITE_RATE=0,
+            FRONTIER_SITE_RATE=0,
             DOWNLOAD_DELAY=1 / limit,
             RANDOMIZE_DOWNLOAD_DELAY=False,
             CONCURRENT_REQUESTS_PER_DOMAIN=1,
@@ -96,7 +96,7 @@ def test_a_throttled_site_does_not_slow_the_other(
     try:
         for _ in range(2):
             solo.start_node(**WAIT_FOR_SEED)
-            fleet.start_node(FLEET_SITE_LIMITS=limits, **WAIT_FOR_SEED)
+            fleet.start_node(FRONTIER_SITE_LIMITS=limits, **WAIT_FOR_SEED)
         solo.wait_ready()
         fleet.wait_ready()
         started = time.monotonic()
@@ -167,8 +167,8 @@ def test_per_ip_limit_covers_every_host_name_of_a_server(fleet: Fleet, make_shop
     port = urlsplit(shop.url("/")).port
     # Two names of one server: by domain they would get 20 requests/s each.
     fleet.seed(f"http://localhost:{port}/", f"http://127.0.0.1:{port}/")
-    fleet.start_node(FLEET_SITE_KEY="ip", FLEET_SITE_RATE=limit)
-    fleet.start_node(FLEET_SITE_KEY="ip", FLEET_SITE_RATE=limit)
+    fleet.start_node(FRONTIER_SITE_KEY="ip", FRONTIER_SITE_RATE=limit)
+    fleet.start_node(FRONTIER_SITE_KEY="ip", FRONTIER_SITE_RATE=limit)
     assert fleet.wait(120) == [0, 0]
 
     rates = _steady_rates(shop)
@@ -180,9 +180,9 @@ def test_adaptive_rate_follows_the_fleets_latency(fleet: Fleet, make_shop, redis
     shop = make_shop(products=150, latency_ms=100)
     site = urlsplit(shop.url("/")).netloc
     adaptive = {
-        "FLEET_AUTOTHROTTLE_ENABLED": True,
-        "FLEET_AUTOTHROTTLE_TARGET_CONCURRENCY": 2,
-        "FLEET_AUTOTHROTTLE_START_RATE": 2,
+        "FRONTIER_AUTOTHROTTLE_ENABLED": True,
+        "FRONTIER_AUTOTHROTTLE_TARGET_CONCURRENCY": 2,
+        "FRONTIER_AUTOTHROTTLE_START_RATE": 2,
     }
     fleet.seed(shop.url("/"))
     fleet.start_node(**adaptive)

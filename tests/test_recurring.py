@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tests.site.server import ShopServer
 
 #: Every page may be fetched again a second after its last fetch.
-REVISIT_ALL = {"FLEET_REVISIT": {".": "1s"}}
+REVISIT_ALL = {"FRONTIER_REVISIT": {".": "1s"}}
 
 
 def _id(product_id: int, shop: ShopServer) -> str:
@@ -188,7 +188,7 @@ def test_a_keep_alive_fleet_revisits_on_its_own(
     fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any]
 ) -> None:
     shop = make_shop(40)
-    node = fleet.start_node(FRONTIER_KEEP_ALIVE=True, FLEET_REVISIT={"/product/": "2s"})
+    node = fleet.start_node(FRONTIER_KEEP_ALIVE=True, FRONTIER_REVISIT={"/product/": "2s"})
     fleet.seed(shop.url("/"))
     wait_for(lambda: mongo["products"].count_documents({}) == 40, 60, "the first crawl")
     # nobody seeds again: the frontier hands the product pages out when they fall due
@@ -246,7 +246,7 @@ def test_pages_not_due_yet_keep_their_items_alive(
 ) -> None:
     shop = make_shop(60)
     # listings go again after a second, products only tomorrow
-    fleet.settings.update(FLEET_REVISIT={"/product/": "1d", ".": "1s"})
+    fleet.settings.update(FRONTIER_REVISIT={"/product/": "1d", ".": "1s"})
     _crawl(fleet, shop)
     shop.reset()
     time.sleep(1.2)

@@ -72,7 +72,9 @@ def test_garbage_durations_are_refused_naming_the_setting(text: object) -> None:
 
 
 def test_policies_match_by_pattern_then_callback_in_order() -> None:
-    config = _config(FLEET_REVISIT={"/category/": "1h", "@parse_product": "1d", r"\?page=\d+$": 60})
+    config = _config(
+        FRONTIER_REVISIT={"/category/": "1h", "@parse_product": "1d", r"\?page=\d+$": 60}
+    )
     spider = _Spider()
     assert config.interval(Request("http://s/category/a")) == 3600
     assert config.interval(Request("http://s/p/1", callback=spider.parse_product)) == 86400
@@ -87,15 +89,15 @@ def test_policies_match_by_pattern_then_callback_in_order() -> None:
 )  # fmt: skip
 def test_unusable_policies_stop_the_node(value: dict[Any, Any], match: str) -> None:
     with pytest.raises(NotConfigured, match=match):
-        _config(FLEET_REVISIT=value)
+        _config(FRONTIER_REVISIT=value)
 
 
 def test_adaptive_intervals_move_within_their_bounds() -> None:
-    fixed = _config(FLEET_REVISIT={".": "1d"})
+    fixed = _config(FRONTIER_REVISIT={".": "1d"})
     assert fixed.next_interval(7200, 86400, changed=True) == 86400
     adaptive = _config(
-        FLEET_REVISIT={".": "1d"}, FLEET_REVISIT_ADAPTIVE=True,
-        FLEET_REVISIT_MIN="1h", FLEET_REVISIT_MAX="2d",
+        FRONTIER_REVISIT={".": "1d"}, FRONTIER_REVISIT_ADAPTIVE=True,
+        FRONTIER_REVISIT_MIN="1h", FRONTIER_REVISIT_MAX="2d",
     )  # fmt: skip
     assert adaptive.next_interval(0, 86400, changed=None) == 86400  # first fetch: the policy's
     assert adaptive.next_interval(86400, 86400, changed=True) == pytest.approx(86400 * 0.8)
@@ -187,7 +189,7 @@ async def asyncio_sleep(seconds: float) -> None:
 
 
 def _middleware(**settings: Any) -> tuple[RevisitMiddleware, Any]:
-    crawler = get_crawler(_Spider, {"FLEET_REVISIT": {".": "1h"}, **settings})
+    crawler = get_crawler(_Spider, {"FRONTIER_REVISIT": {".": "1h"}, **settings})
     crawler.spider = crawler._create_spider()
     middleware = RevisitMiddleware.from_crawler(crawler)
     middleware._fingerprint = lambda request: b"fp"  # type: ignore[method-assign]
@@ -247,7 +249,7 @@ def test_a_garbage_record_from_redis_costs_nothing() -> None:
 
 def test_records_are_keyed_by_the_seen_set_the_scheduler_opened() -> None:
     """Without the fleet's scheduler nothing is recorded; with it, its seen-set's members."""
-    crawler = get_crawler(_Spider, {"FLEET_REVISIT": {".": "1h"}})
+    crawler = get_crawler(_Spider, {"FRONTIER_REVISIT": {".": "1h"}})
     middleware = RevisitMiddleware.from_crawler(crawler)
     request = Request("http://s/p/1")
     response = HtmlResponse(request.url, body=b"<p>x</p>", request=request)

@@ -1,4 +1,4 @@
-"""One politeness knob: FLEET_SITE_CONCURRENCY counts downloads, and nothing per node
+"""One politeness knob: FRONTIER_SITE_CONCURRENCY counts downloads, and nothing per node
 silently keeps a site below it."""
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ def _open_at_once(timeline: list[list]) -> int:
 
 
 def test_the_add_on_derives_node_limits_from_the_fleet_cap() -> None:
-    settings = _settings(FLEET_SITE_CONCURRENCY=64)
+    settings = _settings(FRONTIER_SITE_CONCURRENCY=64)
     FleetAddon().update_settings(settings)
     assert settings.getint("CONCURRENT_REQUESTS") == 64
     assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 64
     # Scrapy's 16 at least, and the largest per-site cap counts
     settings = _settings(
-        FLEET_SITE_CONCURRENCY=4, FLEET_SITE_LIMITS={"big.example": {"concurrency": 40}}
+        FRONTIER_SITE_CONCURRENCY=4, FRONTIER_SITE_LIMITS={"big.example": {"concurrency": 40}}
     )
     derive(settings, "addon")
     assert settings.getint("CONCURRENT_REQUESTS") == 40
-    settings = _settings(FLEET_SITE_CONCURRENCY=0)
+    settings = _settings(FRONTIER_SITE_CONCURRENCY=0)
     derive(settings, "addon")
     assert settings.getint("CONCURRENT_REQUESTS") == 16
     assert settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") == 16
@@ -80,7 +80,7 @@ def test_two_nodes_keep_a_slow_site_at_its_cap_and_never_above(
     """Permits, not leases, count: the shop sees exactly the cap at once, never more."""
     shop = make_shop(products=200, latency_ms=150)
     for _ in range(2):
-        fleet.start_node(FLEET_SITE_CONCURRENCY=6)
+        fleet.start_node(FRONTIER_SITE_CONCURRENCY=6)
     fleet.seed(shop.url("/"))
     assert fleet.wait(180) == [0, 0]
     assert mongo.products.count_documents({}) == 200
@@ -111,7 +111,7 @@ def test_a_node_stopped_past_its_lease_never_takes_the_site_above_its_cap(
     it starts another download with them (SIGSTOP stands for a GC pause, a full disk)."""
     shop = make_shop(products=150, latency_ms=150)
     for _ in range(2):
-        fleet.start_node(FLEET_SITE_CONCURRENCY=6)
+        fleet.start_node(FRONTIER_SITE_CONCURRENCY=6)
     fleet.seed(shop.url("/"))
     wait_for(lambda: mongo.products.estimated_document_count() >= 20, 60, "20 products")
     stopped = fleet.procs[0]

@@ -32,7 +32,7 @@ _SCAN_COUNT = 1000
 
 
 def _site(payload: bytes) -> bytes:
-    """The site a layout-1 payload was queued under (its "site" field in FLEET_SITE_KEY=ip mode)."""
+    """The site a layout-1 payload was queued under (its "site" field in FRONTIER_SITE_KEY=ip mode)."""
     try:
         doc = json.loads(payload)
         site = doc.get("site") or site_of(str(doc.get("url", "")))

@@ -102,7 +102,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.node_id = config.node_id
         self.seen = SeenConfig.from_settings(crawler.settings)
         revisit = RevisitConfig.from_settings(crawler.settings)
-        #: FLEET_REVISIT, when it names any URL: such requests are enqueued in revisit mode.
+        #: FRONTIER_REVISIT, when it names any URL: such requests are enqueued in revisit mode.
         self._revisit = revisit if revisit.rules else None
         self.loop: FrontierLoop | None = None
         #: Why this node cannot work (a close reason), once it knows.

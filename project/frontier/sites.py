@@ -84,7 +84,7 @@ def related_hosts(a: str, b: str) -> bool:
 
 
 class SiteResolver:
-    """``FLEET_SITE_KEY = "ip"``: one politeness unit per server, whatever its host names.
+    """``FRONTIER_SITE_KEY = "ip"``: one politeness unit per server, whatever its host names.
 
     A ``host[:port]`` becomes ``ip[:port]``, resolved at most once per ``ttl``
     seconds per node (the host name itself when it does not resolve). Names

@@ -88,7 +88,7 @@ def main() -> None:
     settings.set("CONCURRENT_REQUESTS_PER_DOMAIN", int(os.environ.get("BENCH_CONCURRENCY", "16")))
     settings.set("FRONTIER_IDLE_GRACE", 1.0)
     # This measures the frontier: no fleet-wide politeness cap, as stock has none.
-    settings.set("FLEET_SITE_CONCURRENCY", 0)
+    settings.set("FRONTIER_SITE_CONCURRENCY", 0)
     for key, value in json.loads(os.environ.get("BENCH_SETTINGS", "{}")).items():
         settings.set(key, value)
     spider: type[Any] = ProductsSpider

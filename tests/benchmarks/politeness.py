@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.politeness [--limit 20] [--products 400]
 
-"with limit": FLEET_SITE_RATE = limit. "per-process": no fleet limit, each
+"with limit": FRONTIER_SITE_RATE = limit. "per-process": no fleet limit, each
 node with Scrapy's DOWNLOAD_DELAY = 1/limit (what stock Scrapy or
 scrapy-redis gives). The shop counts requests per second on its side; the
 table shows the median and maximum of the full seconds, as a ratio to the limit.
@@ -43,10 +43,10 @@ def main() -> None:
             for mode in ("fleet limit", "per-process"):
                 for nodes in (1, 2, 3):
                     settings = (
-                        {"FLEET_SITE_RATE": args.limit}
+                        {"FRONTIER_SITE_RATE": args.limit}
                         if mode == "fleet limit"
                         else {
-                            "FLEET_SITE_RATE": 0,
+                            "FRONTIER_SITE_RATE": 0,
                             "DOWNLOAD_DELAY": 1 / args.limit,
                             "RANDOMIZE_DOWNLOAD_DELAY": False,
                             "CONCURRENT_REQUESTS_PER_DOMAIN": 1,

@@ -3,7 +3,7 @@ the first crawl and against today's way (the seen-set cleared, every page fetche
 
     python -m tests.benchmarks.recrawl [--products 1000] [--nodes 2] [--latency-ms 20] [--runs 1]
 
-A private Redis and FerretDB, one test shop. Crawl 1 (epoch 0) with ``FLEET_REVISIT =
+A private Redis and FerretDB, one test shop. Crawl 1 (epoch 0) with ``FRONTIER_REVISIT =
 {".": "1s"}``; the shop moves to epoch 1 (10 % of prices and 5 % of stock change, 2 % of the
 products added and 2 % removed); crawl 2 revisits; crawl 3 is the same second crawl done as
 today, the frontier cleared first and no revisit policy. Per crawl: pages fetched, 304s at the
@@ -31,8 +31,8 @@ from project.ops.services import ServicesConfig, free_port, start_mongo, start_r
 from tests.benchmarks.slowsite import _KEYS, DATABASE, Bench
 from tests.site.server import ShopServer
 
-REVISIT = {"FLEET_REVISIT": {".": "1s"}}
-_CAP = 16  # FLEET_SITE_CONCURRENCY of every crawl
+REVISIT = {"FRONTIER_REVISIT": {".": "1s"}}
+_CAP = 16  # FRONTIER_SITE_CONCURRENCY of every crawl
 
 
 @dataclass(frozen=True)

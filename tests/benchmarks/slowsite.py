@@ -5,7 +5,7 @@
 
 A private Redis and FerretDB, one test shop answering every page after ``--latency-ms``. For each
 run, cap and node count (interleaved, so machine noise hits them all alike), N ``scrapy crawl
-products`` processes crawl the whole shop with ``FLEET_SITE_CONCURRENCY=<cap>``, the one knob
+products`` processes crawl the whole shop with ``FRONTIER_SITE_CONCURRENCY=<cap>``, the one knob
 measured; ``--settings '{"NAME": value}'`` adds ``-s`` pairs. The seed is pushed once every node
 has registered in Redis, so node start-up is left out of the wall time (it is printed apart).
 
@@ -157,7 +157,7 @@ class Bench:
 
     def _node(self, index: int, cap: int, tmp: Path) -> subprocess.Popen[bytes]:
         settings = {
-            "FLEET_SITE_CONCURRENCY": cap,
+            "FRONTIER_SITE_CONCURRENCY": cap,
             "LOG_FILE": str(tmp / f"node{index}.log"),
             "LOG_LEVEL": "INFO",
             # A journal left by another crawl would be replayed into this one's database.
@@ -293,13 +293,15 @@ def main() -> None:
     parser.add_argument("--products", type=int, default=1000)
     parser.add_argument("--latency-ms", type=float, default=600.0)
     parser.add_argument("--nodes", type=_ints, default=[1, 2, 3], help="node counts: 1,2,3")
-    parser.add_argument("--caps", type=_ints, default=[16, 32, 64], help="FLEET_SITE_CONCURRENCY")
+    parser.add_argument(
+        "--caps", type=_ints, default=[16, 32, 64], help="FRONTIER_SITE_CONCURRENCY"
+    )
     parser.add_argument("--runs", type=int, default=1, help="repetitions; medians are printed")
     parser.add_argument("--settings", type=json.loads, default={}, help="extra -s pairs, JSON")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per crawl")
     args = parser.parse_args()
-    if not isinstance(args.settings, dict) or "FLEET_SITE_CONCURRENCY" in args.settings:
-        parser.error("--settings is a JSON object and leaves FLEET_SITE_CONCURRENCY to --caps")
+    if not isinstance(args.settings, dict) or "FRONTIER_SITE_CONCURRENCY" in args.settings:
+        parser.error("--settings is a JSON object and leaves FRONTIER_SITE_CONCURRENCY to --caps")
     # The services run in their own session: a SIGTERM (timeout, kill) must still stop them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 

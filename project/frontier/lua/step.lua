@@ -16,7 +16,7 @@
     KEYS[7]  dead        dead letters, JSON records, newest first
     KEYS[8]  throttled   sites that must wait, scored by when they may go again
     KEYS[9]  limits      site -> "rate concurrency", fleet-wide caps of single sites
-    KEYS[10] rates       site -> adaptive rate (FLEET_AUTOTHROTTLE_ENABLED)
+    KEYS[10] rates       site -> adaptive rate (FRONTIER_AUTOTHROTTLE_ENABLED)
     KEYS[11] buckets     site -> "tokens last_ms" of its token bucket
     KEYS[12] active      site -> download permits held (lib/permits.lua)
     KEYS[13] leases      site -> leases ever granted (achieved rates in status)

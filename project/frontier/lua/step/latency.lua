@@ -1,5 +1,5 @@
 --[[
-  Phase 5, latency samples for adaptive throttling (FLEET_AUTOTHROTTLE_ENABLED):
+  Phase 5, latency samples for adaptive throttling (FRONTIER_AUTOTHROTTLE_ENABLED):
   summed per site until maintenance turns them into a rate.
 
   Keys: lat_sum, lat_n.

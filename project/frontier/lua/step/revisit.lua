@@ -1,5 +1,5 @@
 --[[
-  Revisits (FLEET_REVISIT, project/frontier/revisit.py): what the last fetch of each URL
+  Revisits (FRONTIER_REVISIT, project/frontier/revisit.py): what the last fetch of each URL
   under a revisit policy left for the next one, and when that next one is due. Only such
   URLs have an entry; the seen-set itself holds no more than it did.
 
