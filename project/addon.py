@@ -21,6 +21,7 @@ from pipelines.validation import ValidationConfig, ValidationPipeline
 from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
 from project.frontier.config import FLEET_RETRY_TIMES, FrontierConfig, RetryConfig
+from project.frontier.gate import PermitGateMiddleware
 from project.frontier.keys import FrontierKeys
 from project.frontier.politeness import derive
 from project.frontier.retry import FrontierRetryMiddleware
@@ -84,6 +85,9 @@ _DOWNLOADER_MIDDLEWARES = {
     RenderingMiddleware: 560,
     # Between HttpCompression (590) and the retries: a 304 is "unchanged", not an error.
     RevisitMiddleware: 580,
+    # Last before the download handler (after HttpCache's 900): a node back from a stall
+    # sends nothing before it knows it still holds a permit for it.
+    PermitGateMiddleware: 950,
 }
 
 # start_urls and start() seed the fleet once, not once per node; first after the engine.

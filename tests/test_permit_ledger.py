@@ -104,3 +104,20 @@ def test_a_settlement_waits_for_the_requests_buffered_before_it() -> None:
     batch = StepBatch()
     assert queue.collect(batch, sent_after=2) == 1
     assert batch.acks == [b"second"]
+
+
+def test_downloads_left_without_permits_ask_for_them_and_say_so() -> None:
+    ledger = PermitLedger(concurrency=8, prefetch=0)
+    _lease(ledger, "a", 1.0, 2)
+    ledger.apply([], [("a", 2)], {})
+    ledger.pop()
+    ledger.pop()
+    assert ledger.covered("a")
+    ledger.reclaimed()  # a stall: the fleet took both back
+    assert not ledger.covered("a")
+    assert ledger.runs_short()
+    batch = StepBatch()
+    ledger.plan(batch, most=500)
+    assert batch.ahead == [("a", 0, 2, 0, 0)], "two permits asked for the two downloads"
+    ledger.apply([], [("a", 2)], {})
+    assert ledger.covered("a")

@@ -156,6 +156,11 @@ class PermitLedger:
         """Permits of *site*, or downloads of it (reclaimed permits leave those running)."""
         return bool(self.permits[site] or self.busy[site])
 
+    def covered(self, site: str) -> bool:
+        """Whether this node holds a permit of *site* for each of its downloads of it (not
+        so after the fleet took its permits back while it stalled)."""
+        return self.busy[site] <= self.permits[site]
+
     def slots(self) -> int:
         """New download permits this node could use (CONCURRENT_REQUESTS in all)."""
         return max(0, self.concurrency - sum(self.permits.values()))
@@ -179,7 +184,8 @@ class PermitLedger:
         """
         held = 0
         more = 0
-        for site in {*self.permits, *(s for s, n in self.ready.items() if n > 0)}:
+        uncovered = (s for s, n in self.busy.items() if n > self.permits[s])
+        for site in {*self.permits, *(s for s, n in self.ready.items() if n > 0), *uncovered}:
             permits, busy, ready = self.permits[site], self.busy[site], self.ready[site]
             over = permits - max(busy, self.usable(site))  # free, above this node's share
             if over > 0:
@@ -200,7 +206,8 @@ class PermitLedger:
 
     def runs_short(self) -> bool:
         """Whether a site needs a round trip now: a spare permit to lease a request for,
-        requests leased ahead that would not last another tick, or requests without a permit.
+        requests leased ahead that would not last another tick, requests without a permit,
+        or downloads without one (held back until they have one).
         """
         for site, permits in self.permits.items():
             ready, busy = self.ready[site], self.busy[site]
@@ -208,6 +215,8 @@ class PermitLedger:
                 return True  # a spare permit: lease a request for it
             if ready - (permits - busy) < max(1, self.ended[site]):
                 return True  # what is leased ahead would not last another tick
+        if any(n > self.permits[s] for s, n in self.busy.items()):
+            return True
         return any(n > 0 and not self.permits[s] for s, n in self.ready.items())
 
     def apply(

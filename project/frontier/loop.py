@@ -92,6 +92,7 @@ class FrontierLoop:
         self._closing = False
         self._closed = asyncio.Event()  # set by stop(): sleeps of the I/O task end
         self._wakeup = asyncio.Event()
+        self._step_done = asyncio.Event()  # set, and replaced, after each step applied
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
@@ -111,9 +112,8 @@ class FrontierLoop:
     def pop(self) -> Request | None:
         """The best leased request whose site has a free download permit, now dispatched."""
         self._wakeup.set()
-        if time.monotonic() - self._last_step > self.config.lease_seconds / 2:
-            # No round trip for half a lease (a stall, a partition): the fleet may have taken
-            # this node's permits back; it starts nothing before its next step says.
+        if self._stalled():
+            # it starts nothing before its next step says which permits it still holds
             self._held_back = self.ledger.has_heap
             return None
         request = self.ledger.pop()
@@ -178,6 +178,29 @@ class FrontierLoop:
         if self.claim.end(self.settlements.buffered):
             self._wakeup.set()
 
+    async def may_download(self, request: Request) -> None:
+        """Hold *request*, dispatched, until this node may put it on the wire: a round trip
+        within half a lease (a node that stalled learns first whether the fleet took its
+        permits back), and a permit of its site for each of its downloads of it."""
+        lease = self.ledger.dispatched.get(request)
+        counted = False
+        while (
+            lease is not None
+            and not self._closing
+            and (self._stalled() or not self.ledger.covered(lease.site))
+        ):
+            if not counted:
+                counted = True
+                self.stats.inc_value("frontier/permits/held_back")
+            self._wakeup.set()
+            await self._step_done.wait()
+            lease = self.ledger.dispatched.get(request)
+
+    def _stalled(self) -> bool:
+        """No round trip for half a lease (a stall, a partition): the fleet may have taken this
+        node's permits back."""
+        return time.monotonic() - self._last_step > self.config.lease_seconds / 2
+
     def record_latency(self, url: str, seconds: float) -> None:
         """A download latency sample for adaptive throttling."""
         self._latency.setdefault(site_of(url), []).append(seconds)
@@ -193,6 +216,7 @@ class FrontierLoop:
         self._closing = True
         self._closed.set()
         self._wakeup.set()
+        self._step_done.set()  # downloads held back go: the node closes
         if self._task is not None:
             await self._task
         # Everything dispatched has left the engine by now.
@@ -338,7 +362,10 @@ class FrontierLoop:
         result = await self.queue.step(batch)
         self._last_step = sent_at
         self.stats.inc_value("frontier/round_trips")
-        return self._apply(now, batch, settled, result)
+        moved = self._apply(now, batch, settled, result)
+        done, self._step_done = self._step_done, asyncio.Event()
+        done.set()
+        return moved
 
     async def _build(self, now: float, closing: bool) -> tuple[StepBatch, int]:
         """The batch of one round trip, and how many settlements it carries."""

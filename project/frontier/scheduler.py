@@ -52,7 +52,7 @@ from project.frontier.queue import LeasedQueue
 from project.frontier.retry import RetryPolicy
 from project.frontier.revisit import RevisitConfig
 from project.frontier.seen import SeenConfig, SeenFormError, ensure_form
-from project.frontier.signals import seen_set_opened
+from project.frontier.signals import frontier_started, seen_set_opened
 from project.frontier.sites import (
     SiteResolver,
     is_private_host,
@@ -260,6 +260,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             logger.debug("%s reads no seeds of its own", type(spider).__name__)
         assert self.loop is not None
         self.loop.start()
+        self.crawler.signals.send_catch_log(frontier_started, loop=self.loop)
         self._ready.set()
 
     async def _prepare(self) -> None:

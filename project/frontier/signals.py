@@ -7,7 +7,11 @@ the scheduler's seen-set, and the item store (``project/storage/store.py`` conne
 
 from __future__ import annotations
 
-__all__ = ["item_stored_ref", "items_still_there", "seen_set_opened"]
+__all__ = ["frontier_started", "item_stored_ref", "items_still_there", "seen_set_opened"]
+
+#: The fleet scheduler's frontier loop started: ``loop``, the FrontierLoop (the permit gate
+#: asks it before a leased request goes on the wire).
+frontier_started = object()
 
 #: The fleet scheduler opened its seen-set: ``dupefilter``, the FleetDupeFilter whose
 #: ``fingerprint(request)`` names a request there (revisit records are keyed by it).
