@@ -17,6 +17,7 @@ from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.handover import Handover
 from project.frontier.ledger import PermitLedger
 from project.frontier.meta import OUTCOME_META_KEY
+from project.frontier.outage import RedisOutage
 from project.frontier.outcomes import count_step, settle_request
 from project.frontier.queue import StepBatch
 from project.frontier.rejects import log_duplicates, log_poisoned
@@ -96,7 +97,7 @@ class FrontierLoop:
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
-        self._redis_down_since: float | None = None
+        self.outage = RedisOutage(self.stats, spider, config.redis_name)
 
     # -- engine side (no I/O) ----------------------------------------------
 
@@ -256,7 +257,7 @@ class FrontierLoop:
                 busy = await self._step()
                 self.dead_sink.kick()
             except RedisError as exc:
-                self._on_redis_error(exc, started)
+                self.outage.began(exc, started, len(self._enqueue))
                 delay = min(max(delay * 2, _BACKOFF_MIN), _BACKOFF_MAX)
             except Exception:
                 # A bug here must not silently stop the node's frontier.
@@ -264,7 +265,7 @@ class FrontierLoop:
                 logger.exception("Frontier step failed", extra={"spider": self.spider})
                 delay = min(max(delay * 2, _BACKOFF_MIN), _BACKOFF_MAX)
             else:
-                self._on_redis_back()
+                self.outage.ended()
                 delay = tick if busy else min(max(delay * 2, tick), self.config.idle_poll_max)
                 if self._counts is not None and any(self._counts):
                     delay = min(delay, max(tick, _END_POLL))  # the fleet still works
@@ -309,29 +310,6 @@ class FrontierLoop:
             or bool(self._walk_open and self.ledger.slots())
             or self.ledger.runs_short()
         )
-
-    def _on_redis_error(self, exc: RedisError, since: float) -> None:
-        """A step that began at *since* failed: the outage counts from then (a partition
-        shows as a step that hangs for its socket timeout)."""
-        self.stats.inc_value("frontier/redis_errors")
-        if self._redis_down_since is None:
-            self._redis_down_since = since
-            logger.error(
-                "Redis unreachable at %s (%s); holding %d requests to enqueue, retrying",
-                self.config.redis_name,
-                exc,
-                len(self._enqueue),
-                extra={"spider": self.spider},
-            )
-
-    def _on_redis_back(self) -> None:
-        if self._redis_down_since is not None:
-            logger.warning(
-                "Redis reachable again after %.1fs",
-                time.monotonic() - self._redis_down_since,
-                extra={"spider": self.spider},
-            )
-            self._redis_down_since = None
 
     def _seed_want(self) -> int:
         # a node with nothing to do always looks: a seed pushed now is taken at once
