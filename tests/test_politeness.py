@@ -75,6 +75,7 @@ def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_s
     assert statistics.mean(rates) >= 1.5 * limit
 
 
+@pytest.mark.slow("two fleets crawl at once: a site alone, and its copy beside a throttled site")
 def test_a_throttled_site_does_not_slow_the_other(
     fleet: Fleet, make_shop, redis_client, services, mongo_db, tmp_path
 ) -> None:
