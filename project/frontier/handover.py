@@ -68,8 +68,6 @@ class Handover:
 
     def leases(self, leased: list[Leased]) -> None:
         """Leased requests into the ledger, best first; an undecodable one is dead-lettered."""
-        if leased:
-            self.stats.inc_value("frontier/leased", len(leased))
         now = time.monotonic()
         if leased and not self._first_lease:
             self._first_lease = True

@@ -395,7 +395,7 @@ class FrontierLoop:
             self.claim.settled(batch.start, result.start_held)
         # Only now, with the step known to have run, drop what it carried.
         del self._enqueue[: len(batch.enqueue)]
-        self.settlements.sent_with(settled, self.settlements.sent + len(batch.enqueue))
+        self.settlements.sent_with(settled, len(batch.enqueue))
         if batch.dead:
             self.dead_sink.add([record for _, record in batch.dead])
         if result.poisoned:

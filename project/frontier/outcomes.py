@@ -71,6 +71,7 @@ def count_step(stats: StatsCollector, batch: StepBatch, result: StepResult) -> N
         "frontier/settled_stale": result.stale,
         "frontier/refused/offsite": result.offsite,
         "frontier/enqueued": result.added,
+        "frontier/leased": len(result.leased),
         "frontier/duplicates": result.duplicates,
         "dupefilter/filtered": result.duplicates,
         "revisit/recorded": len(batch.revisits),

@@ -91,7 +91,7 @@ class SettlementQueue:
         """Leases of the settlements after the first *skip*: still held, to heartbeat."""
         return [member for settlement in self._queue[skip:] for member in settlement.members()]
 
-    def sent_with(self, settled: int, sent_after: int) -> None:
-        """A step carried the first *settled* settlements and the requests up to *sent_after*."""
+    def sent_with(self, settled: int, requests: int) -> None:
+        """A step carried the first *settled* settlements and *requests* more requests."""
         del self._queue[:settled]
-        self.sent = sent_after
+        self.sent += requests
