@@ -35,7 +35,7 @@ def _assert_two_nodes_finished(fleet: Fleet, timeout: float = 180) -> None:
 def test_the_schema_org_spider_stores_every_product_of_a_shop_it_was_only_given_the_url_of(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any]
 ) -> None:
-    shop = make_shop(products=120, js_share=0.1)
+    shop = make_shop(products=120, js_share=0.1, latency_ms=30)
     catalogue = shop.catalogue()
     fleet.spider = "schemaorg"
     _run_two_nodes(fleet)
