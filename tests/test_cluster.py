@@ -137,6 +137,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
 
     wait_for(promoted, 30, "a replica promoted", interval=0.1)
     promoted_after = time.monotonic() - killed_at
+    stored_at_promotion = mongo.products.count_documents({})
     client = cluster_fleet.client()
     try:
         losses = probe.losses(client)
@@ -145,7 +146,8 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     assert cluster_fleet.wait(240) == [0, 0], cluster_fleet.log(0)[-3000:]
 
     outcome = crawl_outcome(shop, mongo)
-    figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2)}
+    figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2),
+               "stored_at_promotion": stored_at_promotion}
     print("cluster failover:", json.dumps(figures))
     (Path(cluster_fleet.log_dir) / "failover.json").write_text(json.dumps(figures))
     # Nothing lost: the frontier's every change is one script, so a failover that drops the
@@ -157,6 +159,7 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     for index in (0, 1):
         log = cluster_fleet.log(index)
         assert "Traceback" not in log, log[-3000:]
-    assert any(cluster_fleet.stat(i, "frontier/redis_errors") for i in (0, 1)), (
-        "no node noticed the failover"
-    )
+    # the failover came mid-crawl. (A node need not see an error: redis-py's cluster client
+    # retries a command with backoff while the slot has no master; one suite run saw the
+    # whole 4 s failover absorbed so, frontier/redis_errors 0 on both nodes.)
+    assert stored_at_promotion < PRODUCTS, figures
