@@ -32,6 +32,9 @@ ADDONS = {"project.addon.FleetAddon": 0}
 REDIS_URL = os.environ.get("REDIS_URL")
 MONGO_URI = os.environ.get("MONGO_URI")
 MONGO_DATABASE = os.environ.get("MONGO_DATABASE")
+# The run webhook often carries a token in its path or credentials.
+RUNS_WEBHOOK_URL = os.environ.get("RUNS_WEBHOOK_URL")
+RUNS_WEBHOOK_PROXY = os.environ.get("RUNS_WEBHOOK_PROXY")
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 FEED_EXPORT_ENCODING = "utf-8"

@@ -146,8 +146,12 @@ def test_a_killed_master_mid_crawl_is_replaced_by_its_replica_and_the_crawl_comp
     assert cluster_fleet.wait(240) == [0, 0], cluster_fleet.log(0)[-3000:]
 
     outcome = crawl_outcome(shop, mongo)
-    figures = {**outcome, **losses, "promoted_after_s": round(promoted_after, 2),
-               "stored_at_promotion": stored_at_promotion}
+    figures = {
+        **outcome,
+        **losses,
+        "promoted_after_s": round(promoted_after, 2),
+        "stored_at_promotion": stored_at_promotion,
+    }
     print("cluster failover:", json.dumps(figures))
     (Path(cluster_fleet.log_dir) / "failover.json").write_text(json.dumps(figures))
     # Nothing lost: the frontier's every change is one script, so a failover that drops the

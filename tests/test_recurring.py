@@ -178,6 +178,14 @@ def test_a_crawl_that_lost_items_alerts_and_posts_to_the_webhook(
     assert post["auth"] == "Basic dXNlcjpzZWNyZXQ="  # user:secret, from the URL
     assert any("items stored fell 40.0%" in alert for alert in post["alerts"])
     assert post["report"]["items"]["gone"] == 40
+    # what became of the post is in the run's report
+    report = mongo["crawl_runs"].find_one({"_id": post["run"]})
+    assert report is not None
+    assert report["webhook"]["delivered"] is True, report["webhook"]
+    assert report["webhook"]["tries"] == 1
+    assert report["webhook"]["status"] == 204
+    assert "secret" not in report["webhook"]["url"]
+    assert "/hook" not in report["webhook"]["url"]
     log = fleet.log(second)
     assert "ERROR: Crawl run" in log
     assert "items stored fell" in log
@@ -222,6 +230,9 @@ def test_a_bloom_mode_crawl_stores_every_product(
         assert not client.exists(fleet.keys.dupefilter)
         # the seed, the listings and every product: each marked once
         assert int(client.get(fleet.keys.dupefilter + ":n")) >= _BLOOM_PRODUCTS
+    # how full it is, in the stats: 400-odd URLs of 100,000, no warning
+    assert 0.3 < max(fleet.stats(i).get("frontier/seen/fill_percent", 0) for i in nodes) < 1
+    assert not any("Bloom seen-set holds" in fleet.log(i) for i in nodes)
 
 
 def test_a_killed_node_does_not_keep_its_run_from_ending(

@@ -127,6 +127,22 @@ def test_a_plain_set_is_refused_by_another_form_until_it_is_moved(
     assert not redis_client.exists(keys.dupefilter)
 
 
+def test_migrate_refuses_while_a_node_holds_the_crawl(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        queue = await _queue(client, keys, FORMS["set"])
+        await queue.step(StepBatch(enqueue=[_entry(n) for n in range(50)]))  # it holds now
+        with pytest.raises(SeenFormError, match=r"1 node\(s\) still hold this crawl"):
+            await migrate(client, keys, FORMS["exact"])
+        assert await client.scard(keys.dupefilter) == 50  # untouched
+        assert not await client.exists(keys.dupefilter + ":conf")
+        await client.zadd(keys.holders, {queue.node_id: 0}, xx=True)  # its deadline passed
+        assert await migrate(client, keys, FORMS["exact"]) == 50
+
+    _run(redis_url, scenario)
+
+
 def test_a_garbage_form_record_stops_the_node(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
@@ -238,3 +254,111 @@ def test_clear_deletes_a_compact_seen_set_and_the_revisits(
     assert clear_frontier(redis_client, keys) > 0
     assert list(redis_client.scan_iter(match=keys.dupefilter + "*")) == []
     assert not redis_client.exists(keys.revisit, keys.due, keys.runs + ":members")
+
+
+def test_a_bloom_filter_is_allocated_without_a_write_its_replica_cannot_follow(tmp_path) -> None:
+    """Preparing a 10 MiB filter keeps a replica whose output buffer is capped at 4 MiB in sync.
+
+    A filter's parts used to be written as one SET of their whole size (up to 512 MiB) from the
+    script: replicated as such, it overflows the replica's output buffer, the master drops the
+    link and the replica resyncs in full. SETBIT at a missing key's last bit allocates the
+    part exactly (MEMORY USAGE as a SET of its size) and replicates as a few bytes.
+    """
+    import subprocess
+    import time
+
+    import redis as sync_redis
+
+    from project.frontier.keys import FrontierKeys
+    from project.ops.install import ensure_redis_server
+    from project.ops.processes import free_port
+
+    binary = str(ensure_redis_server())
+    ports = free_port(), free_port()
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
+    procs = []
+    try:
+        for n, port in enumerate(ports):
+            extra = ["--client-output-buffer-limit", "replica 4mb 2mb 10"]
+            if n:
+                extra = ["--replicaof", "127.0.0.1", str(ports[0])]
+            (tmp_path / str(n)).mkdir()
+            procs.append(subprocess.Popen(
+                [binary, "--port", str(port), "--dir", str(tmp_path / str(n)), *common, *extra],
+                stdout=subprocess.DEVNULL,
+            ))  # fmt: skip
+        master = sync_redis.Redis("127.0.0.1", ports[0])
+        replica = sync_redis.Redis("127.0.0.1", ports[1])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if replica.info("replication").get("master_link_status") == "up":
+                    break
+            except sync_redis.ConnectionError:
+                pass
+            time.sleep(0.1)
+        assert replica.info("replication")["master_link_status"] == "up"
+        keys = FrontierKeys.for_spider("products")
+        config = SeenConfig("bloom", 3_000_000, 1e-6)
+        form = config.form()
+        assert form["total"] // 8 > 8 * 1024 * 1024, form  # past the buffer's hard limit
+        script = master.register_script(lua.load("seen").source)
+        script(keys=[keys.dupefilter], args=[json.dumps({**form, "do": "prepare"})])
+        master.execute_command("WAIT", 1, 10_000)
+        time.sleep(1.0)
+        stats = master.info("stats")
+        assert stats["sync_full"] == 1, stats  # the first sync only: the link never broke
+        for part, bits in enumerate(form["sizes"]):
+            key = f"{keys.dupefilter}:bloom:{part}"
+            assert replica.strlen(key) == master.strlen(key) == (bits + 7) // 8
+            # allocated at its size: what a SET of that many bytes takes
+            probe = "p" * len(key)  # MEMORY USAGE counts the key's name too
+            master.set(probe, b"\0" * ((bits + 7) // 8))
+            assert master.memory_usage(key, samples=0) == master.memory_usage(probe, samples=0)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_bloom_filter_past_its_expected_count_warns_and_shows_in_status(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys, caplog
+) -> None:
+    """The step's counts carry a Bloom filter's count: WARNINGs at 80 % and 100 %, once each;
+    the stats' share; `status`'s seen_fill."""
+    import logging
+
+    from scrapy.utils.test import get_crawler
+
+    from project.frontier.seen import BloomFill
+    from project.monitoring.status import frontier_snapshot
+
+    config = SeenConfig("bloom", 1000, 1e-6)
+    stats = get_crawler().stats
+    fills: list[float] = []
+
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        queue = await _queue(client, keys, config)
+        fill = BloomFill(queue.seen_form, stats)
+        for start in range(0, 1200, 300):
+            await queue.step(StepBatch(enqueue=[_entry(n) for n in range(start, start + 300)]))
+            result = await queue.step(StepBatch(maintain=True))
+            assert result.seen_count is not None
+            assert result.counts is not None  # the other counts as before
+            fill.update(result.seen_count)
+            fills.append(stats.get_value("frontier/seen/fill_percent"))
+        plain = await _queue(
+            client, keys.__class__.for_spider("plain-" + keys.spider), FORMS["set"]
+        )
+        assert (await plain.step(StepBatch(maintain=True))).seen_count is None
+
+    with caplog.at_level(logging.WARNING, logger="project.frontier.seen"):
+        _run(redis_url, scenario)
+    assert fills[0] < 80 <= fills[2] < 100 <= fills[3], fills
+    warnings = [r.getMessage() for r in caplog.records if "Bloom seen-set holds" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "90% of the 1000" in warnings[0]  # the step that passed 80 %
+    assert "start the next crawl with a larger FRONTIER_SEEN_EXPECTED" in warnings[1]
+    status = frontier_snapshot(redis_client, keys)
+    assert status["seen_fill"] is not None
+    assert status["seen_fill"] >= 1.0

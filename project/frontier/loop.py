@@ -22,6 +22,7 @@ from project.frontier.outcomes import count_step, settle_request
 from project.frontier.queue import StepBatch
 from project.frontier.rejects import log_duplicates, log_poisoned
 from project.frontier.revisit import touch_items
+from project.frontier.seen import BloomFill
 from project.frontier.settlements import SettlementQueue
 from project.frontier.sites import SiteResolver, site_of
 
@@ -97,6 +98,7 @@ class FrontierLoop:
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
+        self._bloom_fill: BloomFill | None = None
         self.outage = RedisOutage(self.stats, spider, config.redis_name)
 
     # -- engine side (no I/O) ----------------------------------------------
@@ -405,6 +407,10 @@ class FrontierLoop:
             self._last_heartbeat = now
         if batch.maintain or batch.count:
             self._counts = result.counts
+            if result.seen_count is not None:
+                if self._bloom_fill is None:
+                    self._bloom_fill = BloomFill(self.queue.seen_form, self.stats, self.spider)
+                self._bloom_fill.update(result.seen_count)
         if batch.maintain:
             self._last_maintenance = now
             self._seeds_maybe = self._seeds_maybe or bool(result.counts and result.counts.seeds)

@@ -168,6 +168,8 @@ class StepResult:
     #: This node was no permit holder when the step began (its first step, or it stalled
     #: past its deadline and maintenance gave every permit it held back to the fleet).
     rejoined: bool = False
+    #: URLs a Bloom seen-set holds, with the counts (None otherwise).
+    seen_count: int | None = None
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -310,6 +312,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
     reply = {_text(raw[j]): raw[j + 1] for j in range(0, len(raw), 2)}
     leased, permits, shares = reply["leased"], reply["permits"], reply["shares"]
     counts = reply["counts"]
+    named = {_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)}
     wait = reply["wait_ms"]
     return StepResult(
         added=int(reply["added"]),
@@ -321,9 +324,10 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         seeds=list(reply["seeds"]),
         reaped=int(reply["reaped"]),
         promoted=int(reply["promoted"]),
-        counts=Counts(**{_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)})
+        counts=Counts(**{name: n for name, n in named.items() if name != "seen"})
         if counts
         else None,
+        seen_count=named.get("seen"),
         next_wake_ms=None if wait is None else int(wait),
         poisoned=list(reply["poisoned"]),
         stale=int(reply["stale"]),

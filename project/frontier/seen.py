@@ -30,7 +30,17 @@ if TYPE_CHECKING:
 
     from project.frontier.keys import FrontierKeys
 
-__all__ = ["MODES", "SeenConfig", "SeenFormError", "ensure_form", "migrate", "stored_form"]
+__all__ = [
+    "MODES",
+    "BloomFill",
+    "SeenConfig",
+    "SeenFormError",
+    "bloom_expected",
+    "ensure_form",
+    "migrate",
+    "nodes_holding",
+    "stored_form",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +99,7 @@ class SeenConfig:
             k = max(1, round(bits / self.expected * math.log(2)))
             sizes = [part * 8 for part in _part_bytes(math.ceil(bits / 8))]
             return {"mode": "bloom", "k": k, "sizes": sizes, "total": sum(sizes),
-                    "parts": len(sizes)}  # fmt: skip
+                    "parts": len(sizes), "expected": self.expected}  # fmt: skip
         return {"mode": "set"}
 
 
@@ -109,6 +119,51 @@ def _part_bytes(need: int) -> list[int]:
         parts.append(part)
         left -= part
     return parts
+
+
+def bloom_expected(form: dict[str, Any]) -> int:
+    """The URL count a Bloom form was sized for (older records lack it: from its bits and k)."""
+    expected = form.get("expected")
+    if isinstance(expected, int) and expected > 0:
+        return int(expected)
+    return max(1, round(float(form["total"]) * math.log(2) / max(1, int(form["k"]))))
+
+
+class BloomFill:
+    """How full the crawl's Bloom seen-set is, from the counts of the node's steps.
+
+    Past its expected count a filter answers "seen" for more and more new URLs (about 7 % at
+    3x, half at 5x), and each is skipped without a trace: a WARNING at 80 % and at 100 %
+    (once each per node), the share in the stats (``frontier/seen/fill_percent``).
+    """
+
+    LEVELS = (0.8, 1.0)
+
+    def __init__(self, form: dict[str, Any], stats: Any, spider: Any = None) -> None:
+        self.expected = bloom_expected(form)
+        self.stats, self.spider = stats, spider
+        self.warned = 0  # levels passed
+
+    def update(self, count: int) -> None:
+        share = count / self.expected
+        self.stats.set_value("frontier/seen/fill_percent", round(share * 100, 1))
+        while self.warned < len(self.LEVELS) and share >= self.LEVELS[self.warned]:
+            level = self.LEVELS[self.warned]
+            self.warned += 1
+            logger.warning(
+                "The Bloom seen-set holds %d URLs, %d%% of the %d it was sized for"
+                " (FRONTIER_SEEN_EXPECTED when the crawl began): %s",
+                count, round(share * 100), self.expected,
+                "past it, new URLs are skipped as seen ever more often (about 7% at 3x);"
+                " start the next crawl with a larger FRONTIER_SEEN_EXPECTED"
+                if level >= 1.0 else "new URLs will soon be skipped as seen more often",
+                extra={"spider": self.spider},
+            )  # fmt: skip
+
+
+def _sized(form: dict[str, Any]) -> dict[str, Any]:
+    """A form less what older records lack (the count a Bloom filter was sized for)."""
+    return {name: value for name, value in form.items() if name != "expected"}
 
 
 def _conf_key(keys: FrontierKeys) -> str:
@@ -162,13 +217,26 @@ async def ensure_form(server: Redis, keys: FrontierKeys, config: SeenConfig) -> 
             f" FRONTIER_SEEN_MODE is {wanted['mode']!r}: set FRONTIER_SEEN_MODE ="
             f" {form['mode']!r}, or move it with `fleetcrawl seen migrate`"
         )
-    if form != wanted:
+    if _sized(form) != _sized(wanted):
         logger.warning(
             "the seen-set is sized %s (recorded when the crawl began); these settings ask for %s:"
             " the recorded size is used",
             json.dumps(form), json.dumps(wanted),
         )  # fmt: skip
     return form
+
+
+async def nodes_holding(server: Redis, keys: FrontierKeys) -> list[str]:
+    """Nodes whose presence or permit holding has not expired yet (by Redis' clock)."""
+    seconds, micros = await server.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    found: set[str] = set()
+    for key in (keys.alive, keys.holders):
+        for member in await server.zrangebyscore(key, f"({now_ms}", "+inf"):
+            found.add(
+                member.decode("utf-8", "replace") if isinstance(member, bytes) else str(member)
+            )
+    return sorted(found)
 
 
 async def migrate(server: Redis, keys: FrontierKeys, config: SeenConfig) -> int:
@@ -180,6 +248,12 @@ async def migrate(server: Redis, keys: FrontierKeys, config: SeenConfig) -> int:
     form = config.form()
     if form["mode"] == "set":
         raise SeenFormError("a seen-set moves from a plain set into 'exact' or 'bloom' only")
+    holding = await nodes_holding(server, keys)
+    if holding:
+        raise SeenFormError(
+            f"{len(holding)} node(s) still hold this crawl ({', '.join(sorted(holding)[:5])}):"
+            " stop them first (a URL one adds to the old set meanwhile is lost to the new form)"
+        )
     current = await stored_form(server, keys)
     if current is not None:
         raise SeenFormError(f"the seen-set is already in {current['mode']!r} form")

@@ -184,7 +184,15 @@ def render(status: dict[str, Any]) -> RenderableType:
             ("delayed retries", str(status["delayed_retries"])),
             ("in flight", f"{status['in_flight']}" + (f" ({by_node})" if by_node else "")),
             ("seeds waiting", str(status["seeds_waiting"])),
-            ("seen", f"{status['seen']} URLs ({human_bytes(status['seen_bytes'])})"),
+            (
+                "seen",
+                f"{status['seen']} URLs ({human_bytes(status['seen_bytes'])})"
+                + (
+                    f", Bloom filter {status['seen_fill']:.0%} full"
+                    if status.get("seen_fill") is not None
+                    else ""
+                ),
+            ),
             ("dead letters", str(status["dead_letters"])),
         ],
     )

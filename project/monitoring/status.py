@@ -13,6 +13,7 @@ from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
 from project.frontier.connection import RedisTarget
 from project.frontier.keys import FrontierKeys
+from project.frontier.seen import bloom_expected
 from project.storage.config import MongoConfig
 from project.utils import mask_url
 
@@ -154,6 +155,17 @@ def _server_time(pipe: Any, keys: FrontierKeys) -> None:
     pipe.execute_command("EVAL", _TIME, 1, keys.queue)
 
 
+def _seen_fill(conf: bytes | None, seen: int) -> float | None:
+    """The share of its expected count a Bloom seen-set holds (None for the other forms)."""
+    try:
+        form = json.loads(conf) if conf else None
+        if isinstance(form, dict) and form.get("mode") == "bloom":
+            return round(seen / bloom_expected(form), 4)
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def frontier_snapshot(
     client: redis.Redis,
     keys: FrontierKeys,
@@ -189,6 +201,7 @@ def frontier_snapshot(
     pipe.hget(keys.limits, "*")
     # the compact forms of the seen-set count what they hold (lua/lib/seen.lua)
     pipe.get(keys.dupefilter + ":n")
+    pipe.get(keys.dupefilter + ":conf")
     replies: list[Any] = pipe.execute()
     (seconds, micros), queued, delayed, inflight, seen, seen_bytes, seeds, dead = replies[:8]
     ready, n_ready, throttled, n_throttled, n_known, recent, fleet_default = replies[8:15]
@@ -225,6 +238,7 @@ def frontier_snapshot(
         "in_flight_by_node": by_node,
         "seen": int(seen),
         "seen_bytes": int(seen_bytes or 0),
+        "seen_fill": _seen_fill(replies[16], int(seen)),
         "seeds_waiting": int(seeds),
         "dead_letters": int(dead),
     }

@@ -9,14 +9,9 @@ with ``RUNS_WEBHOOK_URL``, a JSON POST there.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import json
 import logging
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -25,8 +20,8 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from project.config import read_settings, setting
+from project.runs.webhook import deliver
 from project.storage.config import MongoConfig
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from typing import Self
@@ -40,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 #: Ids per update: FerretDB 1.24 hangs on an update that modifies 100 or more documents.
 _IDS_PER_UPDATE = 50
-_WEBHOOK_TIMEOUT = 10.0
 _Document = dict[str, Any]
 
 
@@ -54,6 +48,8 @@ class RunsConfig:
     max_coverage_drop: float = setting("RUNS_MAX_COVERAGE_DROP", 0.2)
     max_error_rate: float = setting("RUNS_MAX_ERROR_RATE", 0.1)
     webhook_url: str = setting("RUNS_WEBHOOK_URL", "")
+    webhook_proxy: str = setting("RUNS_WEBHOOK_PROXY", "")
+    webhook_timeout: float = setting("RUNS_WEBHOOK_TIMEOUT", 10.0)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -157,34 +153,6 @@ def _compare(report: _Document, previous: _Document | None, config: RunsConfig) 
     return alerts
 
 
-def _post(url: str, body: bytes) -> None:
-    """POST *body* as JSON; credentials in the URL go as HTTP basic authentication."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"not an http(s) URL: {parts.scheme!r}")
-    headers = {"Content-Type": "application/json"}
-    if parts.username is not None or parts.password is not None:
-        pair = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        host = parts.hostname or ""
-        netloc = f"[{host}]" if ":" in host else host
-        if parts.port is not None:
-            netloc += f":{parts.port}"
-        url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    request = urllib.request.Request(  # noqa: S310 (the operator's own http(s) webhook)
-        url, data=body, headers=headers, method="POST"
-    )
-    # no redirects: the Authorization header must not go on to wherever a 3xx points
-    opener = urllib.request.build_opener(_NoRedirect)
-    with opener.open(request, timeout=_WEBHOOK_TIMEOUT) as answer:
-        answer.read()
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a 3xx is then an HTTPError: the alert was not delivered
-
-
 async def finish_run(
     settings: BaseSettings, spider: str, run_id: str, started: float, ended: float,
     nodes: dict[str, dict[str, Any]], config: RunsConfig, *, whole: bool = True,
@@ -253,23 +221,38 @@ async def finish_run(
             await database[mongo.runs_collection].insert_one(report)
         except DuplicateKeyError:
             await database[mongo.runs_collection].replace_one({"_id": run_id}, report)
+        for line in render_report(report, previous).splitlines():
+            logger.info("%s", line)
+        for alert in report["alerts"]:
+            logger.error("Crawl run %s: %s", run_id, alert)
+        if report["alerts"] and config.webhook_url:
+            report["webhook"] = await _post_alerts(report, config)
+            await database[mongo.runs_collection].update_one(
+                {"_id": run_id}, {"$set": {"webhook": report["webhook"]}}
+            )
     except PyMongoError as exc:
         logger.error("could not write the report of crawl run %s: %s", run_id, exc)
         return None
     finally:
         await client.close()
-    for line in render_report(report, previous).splitlines():
-        logger.info("%s", line)
-    for alert in report["alerts"]:
-        logger.error("Crawl run %s: %s", run_id, alert)
-    if report["alerts"] and config.webhook_url:
-        body = json.dumps({"run": run_id, "spider": spider, "alerts": report["alerts"],
-                           "report": report}, default=str).encode()  # fmt: skip
-        try:
-            await asyncio.to_thread(_post, config.webhook_url, body)
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            logger.error("could not post the alerts to %s: %s", mask_url(config.webhook_url), exc)
     return report
+
+
+async def _post_alerts(report: _Document, config: RunsConfig) -> _Document:
+    """The alerts to RUNS_WEBHOOK_URL (project/runs/webhook.py): what became of them."""
+    body = json.dumps({"run": report["_id"], "spider": report["spider"],
+                       "alerts": report["alerts"], "report": report}, default=str).encode()  # fmt: skip
+    outcome = await deliver(
+        config.webhook_url, body, proxy=config.webhook_proxy, timeout=config.webhook_timeout
+    )
+    if outcome.delivered:
+        logger.info("Alerts of crawl run %s posted to %s", report["_id"], outcome.url)
+    else:
+        logger.error(
+            "could not post the alerts of crawl run %s to %s after %d tries: %s",
+            report["_id"], outcome.url, outcome.tries, outcome.error,
+        )  # fmt: skip
+    return outcome.as_document()
 
 
 def _delta(now: float, before: Any) -> str:

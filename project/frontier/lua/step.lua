@@ -86,8 +86,8 @@
                   set (their in-flight members)
     start_held    1 if this node still holds the start claim it asked to extend or end
     counts        {queued, n, delayed, n, inflight, n, seeds, n, starting, n} (name/value
-                  pairs; starting: 1 while a node runs start()) with maintain or count,
-                  else {}
+                  pairs; starting: 1 while a node runs start()), and seen, n for a Bloom
+                  seen-set, with maintain or count, else {}
     wait_ms       milliseconds until the next throttled site may go, or nil
 ]]
 --@include lib/time.lua
@@ -147,6 +147,10 @@ if opt.maintain or opt.count then
               'delayed', redis.call('ZCARD', K.delayed),
               'inflight', redis.call('ZCARD', K.inflight),
               'seeds', seed_count(), 'starting', start_running()}
+    if opt.seen and opt.seen.mode == 'bloom' then -- how full it is (lib/seen.lua counts)
+        counts[#counts + 1] = 'seen'
+        counts[#counts + 1] = tonumber(redis.call('GET', K.dupefilter .. ':n') or 0)
+    end
 end
 -- when the next throttled site may go, so an idle node need not poll blindly
 local next_wake = first

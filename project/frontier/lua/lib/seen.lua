@@ -125,23 +125,15 @@ local function seen_test(fps, cfg)
     return flags
 end
 
--- bytes: a larger part is grown by SETBIT, which adds 1 MiB of slack (sds' greedy growth)
-local PRESIZE_MAX = 512 * 1024 * 1024
-
--- Allocate a Bloom filter's parts at their size at once: a string grown bit by bit
--- doubles its allocation below 1 MiB (sds' greedy growth)
+-- Allocate a Bloom filter's parts at their size at once (a string grown bit by bit doubles
+-- its allocation below 1 MiB, sds' greedy growth). SETBIT at a missing key's last bit makes a
+-- string of exactly that size, and replicates as itself: a few bytes, where a SET of the
+-- zeros would send up to 512 MiB down the link at once, past a replica's output buffer.
 local function seen_prepare(cfg)
     if cfg.mode ~= 'bloom' then return end
     for p, size in ipairs(cfg.sizes) do
         local key = K.dupefilter .. ':bloom:' .. (p - 1)
-        local bytes = math.ceil(size / 8)
-        if redis.call('EXISTS', key) == 0 then
-            if bytes <= PRESIZE_MAX then
-                redis.call('SET', key, string.rep('\0', bytes))
-            else
-                redis.call('SETBIT', key, size - 1, 0)
-            end
-        end
+        if redis.call('EXISTS', key) == 0 then redis.call('SETBIT', key, size - 1, 0) end
     end
 end
 
