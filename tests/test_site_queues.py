@@ -190,8 +190,8 @@ def test_an_entry_packed_by_the_script_unpacks_the_same_in_python(
     """What status and the tests read (project/frontier/site_queues.py) is what a lease gets."""
     script = redis_client.register_script(
         _lib(
-            "local entry = pack_entry(ARGV[1], tonumber(ARGV[2]), url_openings(ARGV[3]))\n"
-            "local payload, arrival = unpack_entry(entry, url_openings(ARGV[3]))\n"
+            "local entry = sq.pack_entry(ARGV[1], tonumber(ARGV[2]), sq.url_openings(ARGV[3]))\n"
+            "local payload, arrival = sq.unpack_entry(entry, sq.url_openings(ARGV[3]))\n"
             "return {entry, payload, string.format('%.0f', arrival)}"
         )
     )
@@ -282,7 +282,9 @@ def test_every_key_of_a_site_queue_is_built_from_the_queue_key_in_its_slot(
 
     _steps(redis_url, keys, scenario)
     from_lua = redis_client.eval(
-        _lib("return {index_key(ARGV[1]), list_key(ARGV[1], '7'), SITE_COUNTS, site_key(ARGV[1])}"),
+        _lib(
+            "return {sq.index_key(ARGV[1]), sq.list_key(ARGV[1], '7'), sq.COUNTS, site_key(ARGV[1])}"
+        ),
         1,
         keys.queue,
         site,

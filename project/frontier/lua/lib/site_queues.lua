@@ -27,22 +27,27 @@
 ]]
 local PRIORITY_BAND = 1e10   -- one priority step outweighs 10^10 arrivals
 local PRIORITY_LIMIT = 100000 -- priorities are clamped so a score stays exact in a double
--- an arrival below PRIORITY_BAND (beyond it scores overlap anyway) fits 5 bytes (2^40)
-local ARRIVAL_BYTES, ARRIVAL_FORMAT, ID_FORMAT = 5, '>I5', '>I6'
-local ID_TAIL, ID_TAIL_LEN = ',"id":"', 21 -- ,"id":"<12 hex>"}
-local FORM_A = 65 -- 'A'
-local OLDER = 'z' -- the site's sorted set of the older layout, among its priorities
-local SITE_COUNTS = K.queue .. '|n'
+-- This file's internals in one table (the step script has few top-level locals to spare):
+-- how an entry is packed, the keys, the older layout's adoption.
+local sq = {
+    -- an arrival below PRIORITY_BAND (beyond it scores overlap anyway) fits 5 bytes (2^40)
+    ARRIVAL_BYTES = 5, HEADER = '>BI5', ID_HEADER = '>BI5I6', -- form, arrival(, id)
+    ID_TAIL_LEN = 21, ID_TAIL_PATTERN = '^,"id":"([0-9a-f]+)"}$', -- ,"id":"<12 hex>"}
+    ID_TAIL_FORMAT = ',"id":"%012x"}',
+    FORM_A = 65, -- 'A'
+    OLDER = 'z', -- the site's sorted set of the older layout, among its priorities
+    COUNTS = K.queue .. '|n',
+}
 
 local function site_key(site) -- the older layout's sorted set
     return K.queue .. ':' .. site
 end
 
-local function index_key(site)
+function sq.index_key(site)
     return K.queue .. '|i|' .. site
 end
 
-local function list_key(site, priority)
+function sq.list_key(site, priority)
     return K.queue .. '|p' .. priority .. '|' .. site
 end
 
@@ -63,90 +68,87 @@ local function priority_of(payload)
 end
 
 -- The openings a site's payloads usually have, which its entries leave out.
-local function url_openings(site)
+function sq.url_openings(site)
     return {'{"url":"https://' .. site, '{"url":"http://' .. site}
 end
 
--- A payload as a priority list holds it (see the header).
-local function pack_entry(payload, arrival, openings)
+-- A payload as a priority list holds it (see the header); few strings made, it runs for
+-- every request queued.
+function sq.pack_entry(payload, arrival, openings)
     local form, from, to = 0, 1, #payload
     for url, opening in ipairs(openings) do
-        if string.sub(payload, 1, #opening) == opening then
+        if string.find(payload, opening, 1, true) == 1 then
             form, from = 2 * url, #opening + 1
             break
         end
     end
-    local id = ''
-    if to - ID_TAIL_LEN >= from - 1 and string.sub(payload, -2) == '"}'
-            and string.sub(payload, -ID_TAIL_LEN, -15) == ID_TAIL then
-        local hex = string.sub(payload, -14, -3)
-        if not string.find(hex, '[^0-9a-f]') then
-            id = struct.pack(ID_FORMAT, tonumber(hex, 16))
-            form, to = form + 1, to - ID_TAIL_LEN
+    if to - from >= sq.ID_TAIL_LEN - 1 then
+        local hex = string.match(payload, sq.ID_TAIL_PATTERN, to - sq.ID_TAIL_LEN + 1)
+        if hex and #hex == 12 then
+            return struct.pack(sq.ID_HEADER, sq.FORM_A + form + 1, arrival, tonumber(hex, 16))
+                .. string.sub(payload, from, to - sq.ID_TAIL_LEN)
         end
     end
-    return string.char(FORM_A + form) .. struct.pack(ARRIVAL_FORMAT, arrival) .. id
-        .. string.sub(payload, from, to)
+    return struct.pack(sq.HEADER, sq.FORM_A + form, arrival) .. string.sub(payload, from, to)
 end
 
 -- The payload and arrival of an entry; one this file did not write is a payload of its own.
-local function unpack_entry(entry, openings)
-    local form = (string.byte(entry) or 0) - FORM_A
-    if form < 0 or form > 5 or #entry < 1 + ARRIVAL_BYTES + 6 * (form % 2) then
+function sq.unpack_entry(entry, openings)
+    local form = (string.byte(entry) or 0) - sq.FORM_A
+    if form < 0 or form > 5 or #entry < 1 + sq.ARRIVAL_BYTES + 6 * (form % 2) then
         return entry, 0
     end
-    local arrival = struct.unpack(ARRIVAL_FORMAT, entry, 2)
-    local from, tail = 2 + ARRIVAL_BYTES, ''
+    local opening = openings[math.floor(form / 2)] or ''
     if form % 2 == 1 then
-        tail = ID_TAIL .. string.format('%012x', struct.unpack(ID_FORMAT, entry, from)) .. '"}'
-        from = from + 6
+        local _, arrival, id, from = struct.unpack(sq.ID_HEADER, entry)
+        return opening .. string.sub(entry, from) .. string.format(sq.ID_TAIL_FORMAT, id), arrival
     end
-    local url = math.floor(form / 2)
-    return (openings[url] or '') .. string.sub(entry, from) .. tail, arrival
+    local _, arrival, from = struct.unpack(sq.HEADER, entry)
+    return opening .. string.sub(entry, from), arrival
 end
 
 -- The index member of a priority: the same text for the same number (0 for -0).
-local function priority_member(priority)
+function sq.priority_member(priority)
     if priority == math.floor(priority) then return string.format('%d', priority) end
     return string.format('%.17g', priority)
 end
 
 -- A score as Redis replies it.
-local function score_text(score)
+function sq.score_text(score)
     return string.format('%.17g', score)
 end
 
 -- The older layout's sorted set of a site joins its index (once): its best request's
 -- score, or nil when it has none.
-local function adopt_older(site)
+function sq.adopt_older(site)
     local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
     if not head[2] then return nil end
-    if redis.call('ZADD', index_key(site), 'NX', head[2], OLDER) == 1 then
-        redis.call('HINCRBY', SITE_COUNTS, site, redis.call('ZCARD', site_key(site)))
+    if redis.call('ZADD', sq.index_key(site), 'NX', head[2], sq.OLDER) == 1 then
+        redis.call('HINCRBY', sq.COUNTS, site, redis.call('ZCARD', site_key(site)))
     end
     return head[2]
 end
 
 -- The score of a site's best request, or nil when it has none.
 local function site_head(site)
-    local head = redis.call('ZRANGE', index_key(site), 0, 0, 'WITHSCORES')
-    return head[2] or adopt_older(site)
+    local head = redis.call('ZRANGE', sq.index_key(site), 0, 0, 'WITHSCORES')
+    return head[2] or sq.adopt_older(site)
 end
 
 -- Whether a site has requests queued.
 local function site_has(site)
-    return redis.call('EXISTS', index_key(site), site_key(site)) > 0
+    return redis.call('EXISTS', sq.index_key(site), site_key(site)) > 0
 end
 
 -- Requests a site has queued.
 local function site_size(site)
-    local n = tonumber(redis.call('HGET', SITE_COUNTS, site))
+    local n = tonumber(redis.call('HGET', sq.COUNTS, site))
     if n then return n end
     return redis.call('ZCARD', site_key(site)) -- the older layout's, not adopted yet
 end
 
 -- Up to n of the older layout's requests scored below `bound` (none: any), into out.
-local function pop_older(site, n, bound, out)
+function sq.pop_older(site, n, bound, out)
     local key, popped = site_key(site), nil
     if bound then
         popped = redis.call('ZRANGE', key, '-inf', '(' .. bound, 'BYSCORE', 'LIMIT', 0, n,
@@ -158,55 +160,55 @@ local function pop_older(site, n, bound, out)
     for _, value in ipairs(popped) do out[#out + 1] = value end
     local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     if head[2] then
-        redis.call('ZADD', index_key(site), head[2], OLDER)
+        redis.call('ZADD', sq.index_key(site), head[2], sq.OLDER)
     else
-        redis.call('ZREM', index_key(site), OLDER)
+        redis.call('ZREM', sq.index_key(site), sq.OLDER)
     end
     return #popped / 2
 end
 
 -- Up to n of a priority list's requests, into out.
-local function pop_list(site, member, n, openings, out)
-    local key, band = list_key(site, member), -tonumber(member) * PRIORITY_BAND
+function sq.pop_list(site, member, n, openings, out)
+    local key, band = sq.list_key(site, member), -tonumber(member) * PRIORITY_BAND
     local popped = redis.call('LPOP', key, n)
     if not popped then popped = {} end -- gone (deleted by hand): the index forgets it
     for _, entry in ipairs(popped) do
-        local payload, arrival = unpack_entry(entry, openings)
+        local payload, arrival = sq.unpack_entry(entry, openings)
         out[#out + 1] = payload
-        out[#out + 1] = score_text(band + arrival)
+        out[#out + 1] = sq.score_text(band + arrival)
     end
     local head = #popped == n and redis.call('LINDEX', key, 0)
     if head then
-        local _, arrival = unpack_entry(head, openings)
-        redis.call('ZADD', index_key(site), band + arrival, member)
+        local _, arrival = sq.unpack_entry(head, openings)
+        redis.call('ZADD', sq.index_key(site), band + arrival, member)
     else
-        redis.call('ZREM', index_key(site), member)
+        redis.call('ZREM', sq.index_key(site), member)
     end
     return #popped
 end
 
 -- Take up to n of a site's best requests: {payload, score, ...}, best first.
 local function site_pop(site, n)
-    local out, index, openings = {}, index_key(site), url_openings(site)
+    local out, index, openings = {}, sq.index_key(site), sq.url_openings(site)
     local taken, adopted = 0, false
     while taken < n do
         local top = redis.call('ZRANGE', index, 0, 1, 'WITHSCORES')
         if #top == 0 then
-            if adopted or not adopt_older(site) then break end
+            if adopted or not sq.adopt_older(site) then break end
             adopted = true
-        elseif top[1] == OLDER then
+        elseif top[1] == sq.OLDER then
             -- its requests all came before the lists' (one arrival counter): only a worse
             -- priority's list may come between two of them
-            local got = pop_older(site, n - taken, top[4], out)
+            local got = sq.pop_older(site, n - taken, top[4], out)
             taken = taken + got
             if got == 0 and top[4] then break end -- a stale score: fixed, next step goes on
         else
             -- another priority is a band apart: this list's requests all come first
-            taken = taken + pop_list(site, top[1], n - taken, openings, out)
+            taken = taken + sq.pop_list(site, top[1], n - taken, openings, out)
         end
     end
-    if taken > 0 and redis.call('HINCRBY', SITE_COUNTS, site, -taken) <= 0 then
-        redis.call('HDEL', SITE_COUNTS, site)
+    if taken > 0 and redis.call('HINCRBY', sq.COUNTS, site, -taken) <= 0 then
+        redis.call('HDEL', sq.COUNTS, site)
     end
     return out
 end
@@ -231,20 +233,20 @@ end
 local function push_grouped(by_site)
     local total = 0
     for site, grouped in pairs(by_site) do
-        local index = index_key(site)
+        local index = sq.index_key(site)
         for member, list in pairs(grouped.lists) do
-            local key, first = list_key(site, member), 0
+            local key, first = sq.list_key(site, member), 0
             for from = 1, #list, CHUNK do
                 local length = redis.call('RPUSH', key, unpack(list, from, math.min(#list, from + CHUNK - 1)))
                 if from == 1 then first = length end
             end
             if first == math.min(#list, CHUNK) then
                 -- a new list: the older layout's requests (if any) come before it
-                if redis.call('EXISTS', site_key(site)) == 1 then adopt_older(site) end
+                if redis.call('EXISTS', site_key(site)) == 1 then sq.adopt_older(site) end
                 redis.call('ZADD', index, grouped.heads[member], member)
             end
         end
-        redis.call('HINCRBY', SITE_COUNTS, site, grouped.n)
+        redis.call('HINCRBY', sq.COUNTS, site, grouped.n)
         total = total + grouped.n
         if not redis.call('ZSCORE', K.throttled, site)
                 and redis.call('SISMEMBER', K.capped, site) == 0 then
@@ -259,22 +261,23 @@ end
 -- numbers: site -> {lists = {member -> {entry, ...}}, heads = {member -> score}, best, n}.
 local function group_by_site(entries)
     local base = redis.call('INCRBY', K.seq, #entries) - #entries
-    local by_site, openings = {}, {}
+    local by_site, openings, members = {}, {}, {}
     for j, entry in ipairs(entries) do
         local site, priority = entry[1], entry[2]
         local grouped = by_site[site]
         if not grouped then
             grouped = {lists = {}, heads = {}, best = nil, n = 0}
-            by_site[site], openings[site] = grouped, url_openings(site)
+            by_site[site], openings[site] = grouped, sq.url_openings(site)
         end
-        local member = priority_member(priority)
+        local member = members[priority]
+        if not member then member = sq.priority_member(priority); members[priority] = member end
         local list = grouped.lists[member]
         local score = -priority * PRIORITY_BAND + base + j
         if not list then
             list = {}
             grouped.lists[member], grouped.heads[member] = list, score
         end
-        list[#list + 1] = pack_entry(entry[3], base + j, openings[site])
+        list[#list + 1] = sq.pack_entry(entry[3], base + j, openings[site])
         if not grouped.best or score < grouped.best then grouped.best = score end
         grouped.n = grouped.n + 1
     end
