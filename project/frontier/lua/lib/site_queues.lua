@@ -233,20 +233,23 @@ end
 local function push_grouped(by_site)
     local total = 0
     for site, grouped in pairs(by_site) do
+        -- a site with no lists yet may still have the older layout's sorted set: it goes first
+        if redis.call('HINCRBY', sq.COUNTS, site, grouped.n) == grouped.n then
+            sq.adopt_older(site)
+        end
         local index = sq.index_key(site)
         for member, list in pairs(grouped.lists) do
             local key, first = sq.list_key(site, member), 0
             for from = 1, #list, CHUNK do
-                local length = redis.call('RPUSH', key, unpack(list, from, math.min(#list, from + CHUNK - 1)))
+                local last = math.min(#list, from + CHUNK - 1)
+                local length = redis.call('RPUSH', key, unpack(list, from, last))
                 if from == 1 then first = length end
             end
+            -- a new list: its head is the first of these
             if first == math.min(#list, CHUNK) then
-                -- a new list: the older layout's requests (if any) come before it
-                if redis.call('EXISTS', site_key(site)) == 1 then sq.adopt_older(site) end
                 redis.call('ZADD', index, grouped.heads[member], member)
             end
         end
-        redis.call('HINCRBY', sq.COUNTS, site, grouped.n)
         total = total + grouped.n
         if not redis.call('ZSCORE', K.throttled, site)
                 and redis.call('SISMEMBER', K.capped, site) == 0 then
