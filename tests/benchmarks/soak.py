@@ -19,9 +19,10 @@ leases and gives their permits back in the next step, and runs maintenance once 
 The queue grows to 10^5, 10^6 and 10^7 queued (and ``--total``); at each size both processes
 pause and the benchmark prints, besides the growth's step latencies and enqueue rate:
 
-- memory: ``MEMORY USAGE`` (exact, ``SAMPLES 0``) summed over every site queue, over the
-  requests queued; ``used_memory`` of ``INFO memory`` over the empty frontier's, over the
-  requests queued (that includes the seen-set, the indexes and the site hashes); stock
+- memory: ``MEMORY USAGE`` (exact, ``SAMPLES 0``) summed over every key of the site queues
+  (each site's priority lists and index, the counts per site), over the requests queued;
+  ``used_memory`` of ``INFO memory`` over the empty frontier's, over the requests queued
+  (that includes the seen-set, the indexes and the site hashes); stock
   scrapy-redis (``PriorityQueue`` with pickle and ``RFPDupeFilter``) measured the same two ways on
   ``--stock-sample`` of the same requests, in the same Redis, before the soak;
 - ``fleetcrawl status`` (the CLI, median of ``--runs``), one ``StatusReader.read()`` in this
