@@ -428,7 +428,8 @@ def test_key_templates_follow_the_scrapy_redis_settings() -> None:
         "seeds:books",
         "books:dupefilter",
     )
-    assert (keys.inflight, keys.site_queue("a.test")) == ("books:inflight", "q:books:a.test")
+    assert (keys.inflight, keys.site_index("a.test")) == ("books:inflight", "q:books|i|a.test")
+    assert keys.site_list("a.test", "-10") == "q:books|p-10|a.test"
 
 
 def test_every_config_of_a_node_is_read_from_the_add_ons_settings(

@@ -6,6 +6,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from project.frontier.site_queues import queued_requests
 from tests.fleet import KeySpace, run_cli
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def test_list_retry_and_purge_dead_letters(redis_url: str, redis_client, keyspac
     retried = fleetcrawl(redis_url, keyspace, "failures", "retry")
     assert retried.returncode == 0, retried.stderr
     assert "requeued 1 requests; 1 invalid seeds stay dead-lettered" in retried.stdout
-    (payload,) = redis_client.zrange(keys.site_queue("shop.test"), 0, -1)
+    ((payload, _),) = queued_requests(redis_client, keys, "shop.test")
     assert json.loads(payload) == {"url": request["url"], "priority": 3, "meta": {}}
     assert redis_client.zscore(keys.queue, "shop.test") is not None, "the site is ready"
     assert int(redis_client.get(keys.queued)) == 1

@@ -16,6 +16,7 @@ from project.frontier.admin import clear_frontier, retry_dead_letters
 from project.frontier.config import SiteLimits
 from project.frontier.keys import FrontierKeys, hash_tag
 from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.site_queues import site_queue_size
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -79,7 +80,7 @@ def test_enqueue_filters_duplicates_in_and_across_batches(
 
     run(redis_url, keys, scenario)
     assert redis_client.scard(keys.dupefilter) == 4
-    assert redis_client.zcard(keys.site_queue("s")) == 5
+    assert site_queue_size(redis_client, keys, "s") == 5
     assert int(redis_client.get(keys.queued)) == 5
 
 
@@ -123,7 +124,7 @@ def test_a_seed_is_queued_once_in_a_run_whose_seen_set_began_empty(
         assert (again.added, again.duplicates) == (1, 0)
 
     run(redis_url, keys, scenario)
-    assert redis_client.zcard(keys.site_queue("s")) == 3
+    assert site_queue_size(redis_client, keys, "s") == 3
 
 
 def test_a_seed_is_queued_once_in_each_run_of_a_persisted_seen_set(
@@ -149,7 +150,7 @@ def test_a_seed_is_queued_once_in_each_run_of_a_persisted_seen_set(
         assert (linked.added, linked.duplicates) == (1, 1)
 
     run(redis_url, keys, scenario)
-    assert redis_client.zcard(keys.site_queue("s")) == 3
+    assert site_queue_size(redis_client, keys, "s") == 3
     assert redis_client.smembers(keys.runs + ":seeds") == {b"fp1", b"fp2", b"fp3"}
 
 
@@ -422,7 +423,7 @@ def test_reaped_lease_counts_off_its_sites_active_leases(
 
     run(redis_url, keys, scenario)
     assert redis_client.hmget(keys.active, "x", "y") == [None, None], "no leases, no entry"
-    assert redis_client.zcard(keys.site_queue("x")) == 1
+    assert site_queue_size(redis_client, keys, "x") == 1
 
 
 def test_leased_seeds_of_a_dead_node_return_to_start_urls(
@@ -489,7 +490,7 @@ def test_release_puts_unstarted_leases_back(
         assert await a.release([a.request_member(x.site, x.payload) for x in leased]) == members
 
     run(redis_url, keys, scenario)
-    assert redis_client.zcard(keys.site_queue("s")) == 3
+    assert site_queue_size(redis_client, keys, "s") == 3
     assert int(redis_client.get(keys.queued)) == 3
     assert redis_client.zcard(keys.inflight) == 0
 
@@ -504,7 +505,7 @@ def test_requeued_dead_letter_goes_back_to_the_site_it_was_leased_under(
     }
     redis_client.lpush(keys.dead, json.dumps(record))
     assert retry_dead_letters(redis_client, keys) == (1, 0)
-    assert redis_client.zcard(keys.site_queue("10.1.1.1")) == 1
+    assert site_queue_size(redis_client, keys, "10.1.1.1") == 1
     assert redis_client.llen(keys.dead) == 0
 
 
@@ -516,7 +517,7 @@ def test_clear_frontier_deletes_site_queues_too(
 
     run(redis_url, keys, scenario)
     redis_client.lpush(keys.start_urls, b"http://s/")
-    assert redis_client.exists(keys.site_queue("t"), keys.inflight, keys.dupefilter) == 3
+    assert redis_client.exists(keys.site_index("t"), keys.inflight, keys.dupefilter) == 3
     clear_frontier(redis_client, keys)
     assert keyspace.existing(redis_client) == []
 
@@ -545,14 +546,14 @@ def test_heartbeat_script_declares_every_key_it_uses() -> None:
 def test_site_queues_are_built_from_the_queue_key_and_share_its_hash_tag(
     redis_client: sync_redis.Redis, keys: FrontierKeys, queue: str, slot_tag: str | None
 ) -> None:
-    """Python's site_queue() builds what lib/site_queues.lua builds; a tagged queue key
+    """Python's site_index() builds what lib/site_queues.lua builds; a tagged queue key
     (Redis Cluster) keeps every site queue in its slot."""
     built = dataclasses.replace(keys, queue=queue)
     lib = lua.FOLDER / "lib"
     script = "local K = {queue = KEYS[1]}\n" + (lib / "chunked.lua").read_text()
-    script += (lib / "site_queues.lua").read_text() + "\nreturn site_key(ARGV[1])"
+    script += (lib / "site_queues.lua").read_text() + "\nreturn sq.index_key(ARGV[1])"
     from_lua = redis_client.eval(script, 1, queue, "shop.test:8080").decode()
-    assert from_lua == built.site_queue("shop.test:8080") == f"{queue}:shop.test:8080"
+    assert from_lua == built.site_index("shop.test:8080") == f"{queue}|i|shop.test:8080"
     assert hash_tag(from_lua) == hash_tag(queue) == slot_tag
 
 
@@ -592,9 +593,9 @@ def test_leases_and_retries_of_an_older_layout_get_their_site_once(
         assert (await a.step(StepBatch(maintain=True))).reaped == 3
 
     run(redis_url, keys, reap)
-    assert redis_client.zcard(keys.site_queue("shop.test")) == 1
-    assert redis_client.zcard(keys.site_queue("10.0.0.9")) == 1
-    assert redis_client.zcard(keys.site_queue("shop.test:8080")) == 1, "the retry was due"
+    assert site_queue_size(redis_client, keys, "shop.test") == 1
+    assert site_queue_size(redis_client, keys, "10.0.0.9") == 1
+    assert site_queue_size(redis_client, keys, "shop.test:8080") == 1, "the retry was due"
     assert redis_client.llen(keys.start_urls) == 1
 
 
@@ -624,7 +625,7 @@ def test_enqueue_keeps_requests_on_the_sites_seeds_opened(
 
     run(redis_url, keys, scenario)
     assert redis_client.smembers(keys.allowed) == {b"shop", b"www.shop"}
-    assert not redis_client.exists(keys.site_queue("127.0.0.1:6379"))
+    assert site_queue_size(redis_client, keys, "127.0.0.1:6379") == 0
     assert redis_client.scard(keys.dupefilter) == 5, "refused requests are not marked seen"
 
 
@@ -680,7 +681,7 @@ def test_a_request_whose_lease_keeps_expiring_becomes_a_poison_dead_letter(
 
     run(redis_url, keys, scenario)
     assert redis_client.zcard(keys.inflight) == 0
-    assert redis_client.zcard(keys.site_queue("s")) == 0, "not handed out a fourth time"
+    assert site_queue_size(redis_client, keys, "s") == 0, "not handed out a fourth time"
     assert redis_client.llen(keys.dead) == 1
     assert redis_client.hlen(keys.deliveries) == 0, "nothing left to count"
 
@@ -716,7 +717,7 @@ def test_requeueing_100000_dead_letters_of_one_site_destroys_none(
             pipe.rpush(keys.dead, *records[start : start + 10_000])
         pipe.execute()
     assert retry_dead_letters(redis_client, keys) == (100_000, 1)
-    assert redis_client.zcard(keys.site_queue("s")) == 100_000
+    assert site_queue_size(redis_client, keys, "s") == 100_000
     assert int(redis_client.get(keys.queued)) == 100_000
     assert redis_client.lrange(keys.dead, 0, -1) == [records[-1].encode()], "the seed stays"
     assert not list(redis_client.scan_iter(match=f"{keys.dead}:requeue:*"))

@@ -46,6 +46,7 @@ from scrapy.http import FormRequest, JsonRequest
 from project.frontier.config import SiteLimits
 from project.frontier.queue import LeasedQueue, StepBatch
 from project.frontier.seeds import MAX_PRIORITY, InvalidSeed, Seed, parse_seed
+from project.frontier.site_queues import queued_requests, sites_queued
 from project.frontier.sites import MAX_URL_LENGTH, site_of
 from project.frontier.wire import NODE_LOCAL_META, check_meta, decode_request, encode_request
 from project.monitoring.status import PRIORITY_BAND
@@ -626,11 +627,8 @@ class Snapshot:
 
     @classmethod
     def read(cls, client: redis.Redis, keys: Any) -> Snapshot:
-        prefix = keys.queue.encode() + b":"
-        site_keys = list(client.scan_iter(match=keys.queue + ":*", count=1000))
+        queues = {site: queued_requests(client, keys, site) for site in sites_queued(client, keys)}
         with client.pipeline(transaction=False) as pipe:
-            for key in site_keys:
-                pipe.zrange(key, 0, -1, withscores=True)
             for key in (keys.queue, keys.throttled, keys.inflight, keys.delayed):
                 pipe.zrange(key, 0, -1, withscores=True)
             pipe.lrange(keys.start_urls, 0, -1)
@@ -644,7 +642,6 @@ class Snapshot:
             for node in NODES:
                 pipe.hgetall(keys.permits_of(node))
             replies = pipe.execute()
-        queues = {key[len(prefix) :]: replies.pop(0) for key in site_keys}
         index, throttled, inflight, delayed, start_urls, active, deliveries, *rest = replies
         queued, dead, dupefilter, allowed, capped, *held = rest
         return cls(

@@ -79,7 +79,9 @@ def test_on_a_cluster_every_key_carries_the_seeds_key_as_its_tag() -> None:
     keys = FrontierKeys.from_settings(settings, "products")
     assert keys.start_urls == "products:start_urls"  # redis-cli -c lpush still seeds
     assert keys.queue == "{products:start_urls}:requests"
-    assert keys.site_queue("shop.example") == "{products:start_urls}:requests:shop.example"
+    assert keys.site_index("shop.example") == "{products:start_urls}:requests|i|shop.example"
+    assert keys.site_list("shop.example", "0") == "{products:start_urls}:requests|p0|shop.example"
+    assert keys.site_counts == "{products:start_urls}:requests|n"
     for name in load("step").keys:
         assert hash_tag(getattr(keys, name)) in (None, "products:start_urls"), name
         if name != "start_urls":

@@ -89,7 +89,7 @@ def _dead(redis_client, keys: FrontierKeys, value: str) -> None:
     redis_client.lpush(keys.dead, json.dumps(record), b"\xff not json", b"[1, 2]")
     redis_client.hset(keys.nodes, value, json.dumps({"id": value, "pages": "many", "x": value}))
     redis_client.hset(keys.nodes, "garbage", b"{")
-    redis_client.zadd(keys.site_queue(value), {json.dumps({"url": value}): 0})
+    redis_client.zadd(keys.older_site_queue(value), {json.dumps({"url": value}): 0})
     redis_client.zadd(keys.queue, {value: 0})
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from project.frontier import lua
 from project.monitoring.status import (
-    PRIORITY_BAND,
     SITES_LISTED,
     StatusReader,
     fleet_status,
@@ -31,22 +31,33 @@ class CountingConnection(redis.Connection):
 
 
 def _fill(client: redis.Redis, keys: FrontierKeys, sites: int, idle: int) -> None:
-    """*sites* busy sites (two priorities queued, one lease each) and *idle* done ones."""
-    pipe = client.pipeline(transaction=False)
+    """*sites* busy sites (two priorities queued, one lease each) and *idle* done ones; the
+    requests queued by the frontier's own script (lua/requeue_dead.lua puts them back)."""
+    requests = []
     seq = 0
     for i in range(sites):
         site = f"shop{i}.test"
         for priority, count in ((10, 1), (0, i + 1)):
             for _ in range(count):
                 seq += 1
-                payload = json.dumps({"url": f"http://{site}/{seq}", "priority": priority})
-                pipe.zadd(keys.site_queue(site), {payload: -priority * PRIORITY_BAND + seq})
-        pipe.zadd(keys.queue, {site: -10 * PRIORITY_BAND})
+                requests += [
+                    site,
+                    json.dumps({"url": f"http://{site}/{seq}", "priority": priority}),
+                ]
+    script = lua.load("requeue_dead")
+    put_back = client.register_script(script.source)
+    for start in range(0, len(requests), 2000):
+        chunk = requests[start : start + 2000]
+        put_back(
+            keys=script.keys_from(keys, work=keys.dead + ":fill"), args=[0, len(chunk) // 2, *chunk]
+        )
+    pipe = client.pipeline(transaction=False)
+    for i in range(sites):
+        site = f"shop{i}.test"
         pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
         pipe.hincrby(keys.leases, site, 5)
     for i in range(idle):
         pipe.hincrby(keys.leases, f"done{i}.test", 3)  # a lease counter the frontier kept
-    pipe.set(keys.queued, seq)
     pipe.execute()
 
 
@@ -72,8 +83,8 @@ def test_status_round_trips_do_not_grow_with_sites(redis_url, redis_client, keys
 
     print(f"round trips: {trips_few} with 3 sites, {trips_many} with 300 (+2000 idle)")
     assert trips_many == trips_few
-    # fleet: 2, sites: 2 pipelines, bands: 1 + one per priority + 1 that finds no more
-    assert trips_many <= 2 + 2 + 4
+    # fleet: 2, sites: 2 pipelines, bands: the priorities, then their sizes
+    assert trips_many <= 2 + 2 + 2
     assert len(status_few["sites"]) == 3
     assert len(status_many["sites"]) == SITES_LISTED
     assert status_many["site_count"] == {"with_work": 300, "listed": 20, "known": 2300}
@@ -113,9 +124,10 @@ def test_status_lists_the_busiest_sites_not_every_site_ever_seen(redis_client, k
 
 
 def test_status_survives_hostile_site_entries(redis_client, keyspace) -> None:
+    """A site queue of the older layout (a sorted set of payloads) is counted too."""
     keys = keyspace.keys("products")
     site = b"caf\xe9.test:8080"  # not UTF-8: listed, and read back under its own bytes
-    queue = keys.site_queue("").encode() + site
+    queue = keys.older_site_queue("").encode() + site
     redis_client.zadd(queue, {b'{"url":"x"}': 5})
     redis_client.zadd(keys.queue, {site: 5})
     redis_client.hset(keys.limits, site, "fast lots")  # not "rate concurrency"

@@ -162,3 +162,20 @@ def test_a_payload_callback_must_name_a_spider_method(spider: ProductsSpider, ca
 def test_a_payload_of_the_wrong_shape_is_refused(spider: ProductsSpider, doc) -> None:
     with pytest.raises(UnserializableRequestError):
         decode_request(json.dumps(doc), spider)
+
+
+def test_a_payload_opens_with_its_url_and_closes_with_its_id(spider: ProductsSpider) -> None:
+    """The site queues leave out the ``{"url":"https://<site>`` a payload opens with and the
+    ``,"id":"<12 hex>"}`` it closes with (lua/lib/site_queues.lua): whatever the request
+    carries, those stay where they are, or each queued request costs 40 bytes more."""
+    request = Request(
+        "https://shop.test/p/1",
+        callback=spider.parse_product,
+        headers={"X-Token": "t"},
+        meta={"depth": 3},
+        priority=-10,
+        cb_kwargs={"page": 2},
+    )
+    payload = encode_request(request, spider, id="0123456789ab")
+    assert payload.startswith(b'{"url":"https://shop.test/')
+    assert payload.endswith(b',"id":"0123456789ab"}')

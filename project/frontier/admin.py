@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from redis import exceptions as redis_exceptions
 
 from project.frontier import lua
+from project.frontier.site_queues import site_queue_patterns
 from project.frontier.sites import site_of
 
 if TYPE_CHECKING:
@@ -23,15 +24,9 @@ __all__ = [
     "decode_dead_letter",
     "purge_dead_letters",
     "retry_dead_letters",
-    "site_queue_pattern",
 ]
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
-
-
-def site_queue_pattern(keys: FrontierKeys) -> str:
-    """The SCAN pattern of the spider's site queues."""
-    return _GLOB_SPECIAL.sub(r"\\\1", keys.site_queue("")) + "*"
 
 
 def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
@@ -40,7 +35,11 @@ def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
 
     Node records, history and the robots.txt cache stay. Returns the keys deleted.
     """
-    site_queues = list(client.scan_iter(match=site_queue_pattern(keys), count=1000))
+    site_queues = [
+        key
+        for pattern in site_queue_patterns(keys)
+        for key in client.scan_iter(match=pattern, count=1000)
+    ]
     # the compact seen-set forms (lua/lib/seen.lua): buckets, Bloom parts, their count and form
     seen = list(
         client.scan_iter(match=_GLOB_SPECIAL.sub(r"\\\1", keys.dupefilter) + ":*", count=1000)

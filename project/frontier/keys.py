@@ -80,8 +80,8 @@ class FrontierKeys:
     """Redis keys of one spider: scrapy-redis' names for the queue, seen-set and
     seeds, and ``<prefix>:<name>`` for everything else.
 
-    A site's queue (:meth:`site_queue`) is built from the queue key, so it shares
-    the queue key's hash slot whenever that key carries a hash tag. Tagged
+    A site's queue (:meth:`site_index`, :meth:`site_list`) is built from the queue key, so
+    it shares the queue key's hash slot whenever that key carries a hash tag. Tagged
     (:attr:`KeyTemplates.tagged`, Redis Cluster), every key but the seeds' carries
     the seeds' key as its tag: ``products:start_urls`` keeps its name (``redis-cli -c
     lpush`` still seeds) and ``{products:start_urls}:requests`` hashes to its slot.
@@ -199,8 +199,24 @@ class FrontierKeys:
             start_urls = redis_key
         return keys.with_start_urls(start_urls)
 
-    def site_queue(self, site: str) -> str:
-        """The sorted set of *site*'s queued requests (``site_key`` in lib/site_queues.lua)."""
+    def site_index(self, site: str) -> str:
+        """The sorted set of *site*'s priorities with requests queued, each scored by its
+        best request (``index_key`` in lib/site_queues.lua)."""
+        return f"{self.queue}|i|{site}"
+
+    def site_list(self, site: str, priority: str) -> str:
+        """The list of *site*'s queued requests of *priority* (a member of :meth:`site_index`;
+        ``list_key`` in lib/site_queues.lua)."""
+        return f"{self.queue}|p{priority}|{site}"
+
+    @property
+    def site_counts(self) -> str:
+        """The hash of requests queued per site (``SITE_COUNTS`` in lib/site_queues.lua)."""
+        return f"{self.queue}|n"
+
+    def older_site_queue(self, site: str) -> str:
+        """The sorted set that held *site*'s requests before the priority lists, drained but
+        never written (``site_key`` in lib/site_queues.lua)."""
         return f"{self.queue}:{site}"
 
     def permits_of(self, node: str) -> str:

@@ -217,7 +217,10 @@ def _headers_to_json(headers: Iterable[tuple[bytes, list[bytes]]]) -> dict[str, 
 def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
     """Serialize *request* to compact JSON bytes; defaults are left out.
 
-    *extra* adds frontier bookkeeping fields (``id``, ``attempts``).
+    *extra* adds frontier bookkeeping fields (``id``, ``attempts``). The URL comes first and
+    *extra* last: a site's queue holds a payload without the ``{"url":"https://<site>`` it
+    opens with and the ``,"id":"<12 hex digits>"}`` it closes with (lua/lib/site_queues.lua
+    packs them into a few bytes, and gives the payload back as it was).
     """
     data: dict[str, Any] = {"url": request.url}
     callback = _method_name(spider, request.callback, "callback", request)

@@ -14,6 +14,7 @@ from project.frontier.config import FrontierConfig
 from project.frontier.connection import RedisTarget
 from project.frontier.keys import FrontierKeys
 from project.frontier.seen import bloom_expected
+from project.frontier.site_queues import OLDER, read_site_queues, site_queue_sizes
 from project.storage.config import MongoConfig
 from project.utils import mask_url
 
@@ -115,6 +116,32 @@ def priority_bands(
     return bands
 
 
+def _bytes_key(key: str) -> bytes:
+    return key.encode("utf-8", "surrogateescape")
+
+
+def _site_bands(
+    client: redis.Redis, keys: FrontierKeys, rows: list[dict[str, Any]]
+) -> list[dict[int, int]]:
+    """Queued requests per priority of each row's site, highest first (BANDS_PER_SITE)."""
+    sites = [row["site"].encode("utf-8", "surrogateescape") for row in rows]
+    queues = read_site_queues(client, keys, sites, most=BANDS_PER_SITE - 1)
+    older = [_bytes_key(keys.older_site_queue("")) + q.site for q in queues if OLDER in q.sizes]
+    older_bands = iter(priority_bands(client, older) if older else [])
+    found: list[dict[int, int]] = []
+    for queue in queues:
+        bands: dict[int, int] = {}
+        for member, head in queue.heads:
+            if member == OLDER:
+                for priority, n in next(older_bands).items():
+                    bands[priority] = bands.get(priority, 0) + n
+            else:
+                priority = -math.floor(head / PRIORITY_BAND)
+                bands[priority] = bands.get(priority, 0) + queue.sizes[member]
+        found.append(dict(sorted(bands.items(), reverse=True)[:BANDS_PER_SITE]))
+    return found
+
+
 def _in_flight(members: Sequence[bytes]) -> tuple[dict[str, int], dict[bytes, int]]:
     """Leases by node and by site, from in-flight members ``<node>\\nR<site>\\n<payload>``."""
     by_node: dict[str, int] = {}
@@ -179,7 +206,8 @@ def frontier_snapshot(
     the last ``IDLE_LISTED_SECONDS`` (``<prefix>:recent``, or *previous_leases*,
     the lease counts a reader saw last time); the rest are
     counted in ``site_count``. The number of round trips does not grow with the
-    number of sites: three pipelines, then one per priority band of the listed sites.
+    number of sites: two pipelines, two for the listed sites' priorities (and one more
+    for the sizes of sites still in the older layout, one per priority band of theirs).
     """
     pipe = client.pipeline(transaction=False)
     _server_time(pipe, keys)
@@ -222,8 +250,7 @@ def frontier_snapshot(
     )
     with_work += max(0, int(n_ready) - len(ready)) + max(0, int(n_throttled) - len(throttled))
     bands: dict[int, int] = {}
-    queues = [keys.site_queue(row["site"]).encode("utf-8", "surrogateescape") for row in rows]
-    for row, site_bands in zip(rows, priority_bands(client, queues), strict=True):
+    for row, site_bands in zip(rows, _site_bands(client, keys, rows), strict=True):
         row["queued_by_priority"] = site_bands
         for priority, count in site_bands.items():
             bands[priority] = bands.get(priority, 0) + count
@@ -265,17 +292,15 @@ def _site_rows(
     every = busy + idle
     if not every:
         return [], 0
-    prefix = keys.site_queue("").encode("utf-8", "surrogateescape")
     pipe = client.pipeline(transaction=False)
-    for site in busy:
-        pipe.zcard(prefix + site)
     for hash_key in (keys.leases, keys.limits, keys.rates):
         pipe.hmget(hash_key, every)
+    if busy:
+        pipe.hmget(keys.site_counts, busy)
     replies: list[Any] = pipe.execute()
-    sizes = {site: int(n) for site, n in zip(busy, replies, strict=False)}
-    leases, limits, rates = (
-        dict(zip(every, reply, strict=True)) for reply in replies[len(busy) : len(busy) + 3]
-    )
+    leases, limits, rates = (dict(zip(every, reply, strict=True)) for reply in replies[:3])
+    counts = replies[3] if busy else []
+    sizes = dict(zip(busy, site_queue_sizes(client, keys, busy, counts), strict=True))
     since_ms = now_ms - IDLE_LISTED_SECONDS * 1000
 
     def recent(site: bytes) -> bool:

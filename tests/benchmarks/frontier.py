@@ -33,6 +33,7 @@ from scrapy.utils.test import get_crawler
 from project.frontier.config import SiteLimits
 from project.frontier.keys import FrontierKeys
 from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.site_queues import site_queue_bytes
 from project.frontier.sites import site_of
 from project.frontier.wire import encode_request
 from project.ops.services import ServicesConfig, free_port, start_redis, stop_service
@@ -154,7 +155,10 @@ def storage_bytes(redis_url: str, base: str, n: int = 5000) -> dict[str, dict[st
 
     result = {
         "stock": {"seen": per("stock:dupefilter"), "queued": per("stock:requests")},
-        "fleet": {"seen": per("fleet:dupefilter"), "queued": per(keys.site_queue(site))},
+        "fleet": {
+            "seen": per("fleet:dupefilter"),
+            "queued": site_queue_bytes(client, keys, [site])[0] / n,
+        },
     }
     client.close()
     return result

@@ -19,9 +19,10 @@ leases and gives their permits back in the next step, and runs maintenance once 
 The queue grows to 10^5, 10^6 and 10^7 queued (and ``--total``); at each size both processes
 pause and the benchmark prints, besides the growth's step latencies and enqueue rate:
 
-- memory: ``MEMORY USAGE`` (exact, ``SAMPLES 0``) summed over every site queue, over the
-  requests queued; ``used_memory`` of ``INFO memory`` over the empty frontier's, over the
-  requests queued (that includes the seen-set, the indexes and the site hashes); stock
+- memory: ``MEMORY USAGE`` (exact, ``SAMPLES 0``) summed over every key of the site queues
+  (each site's priority lists and index, the counts per site), over the requests queued;
+  ``used_memory`` of ``INFO memory`` over the empty frontier's, over the requests queued
+  (that includes the seen-set, the indexes and the site hashes); stock
   scrapy-redis (``PriorityQueue`` with pickle and ``RFPDupeFilter``) measured the same two ways on
   ``--stock-sample`` of the same requests, in the same Redis, before the soak;
 - ``fleetcrawl status`` (the CLI, median of ``--runs``), one ``StatusReader.read()`` in this
@@ -65,6 +66,7 @@ from scrapy.utils.test import get_crawler
 from project.frontier.config import SiteLimits
 from project.frontier.keys import FrontierKeys
 from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.site_queues import read_site_queues, site_queue_bytes, site_queue_keys
 from project.frontier.sites import site_of
 from project.frontier.wire import encode_request
 from project.monitoring.status import StatusReader
@@ -268,20 +270,18 @@ def _memory(client: redis.Redis, keys: FrontierKeys, sites: list[str], base: int
     stats = client.memory_stats()
     forks = client.info("stats")
     queued = int(client.get(keys.queued) or 0)
-    queue_bytes = entries = 0
-    for start in range(0, len(sites), 500):
-        pipe = client.pipeline(transaction=False)
-        for site in sites[start : start + 500]:
-            pipe.memory_usage(keys.site_queue(site), samples=0)
-            pipe.zcard(keys.site_queue(site))
-        replies = pipe.execute()
-        queue_bytes += sum(int(r or 0) for r in replies[0::2])
-        entries += sum(int(r) for r in replies[1::2])
-    pipe = client.pipeline(transaction=False)
+    queue_bytes, entries = site_queue_bytes(client, keys, sites)
+    # the encodings of a sample of the site queues' keys (index, lists), by kind
     sample = random.Random(0).sample(sites, min(200, len(sites)))
-    for site in sample:
-        pipe.object("encoding", keys.site_queue(site))
-    encodings = Counter(e.decode() if isinstance(e, bytes) else str(e) for e in pipe.execute() if e)
+    pipe = client.pipeline(transaction=False)
+    for queue in read_site_queues(client, keys, sample):
+        for key in site_queue_keys(keys, queue.site, [m for m, _ in queue.heads]):
+            pipe.type(key)
+            pipe.object("encoding", key)
+    replies = [r.decode() if isinstance(r, bytes) else str(r) for r in pipe.execute()]
+    encodings = Counter(
+        f"{kind} {encoding}" for kind, encoding in zip(replies[0::2], replies[1::2], strict=True)
+    )
     seen_bytes = int(client.memory_usage(keys.dupefilter, samples=0) or 0)
     seen = int(client.scard(keys.dupefilter))
     others = 0
@@ -640,7 +640,7 @@ class Soak:
         )
         print(
             f"{'queued':>10} {'site queues':>11} {'x stock':>7} {'x target':>8}"
-            f" {'payload':>7} {'zset overhead':>13} {'used_memory':>11} {'x stock':>7}"
+            f" {'payload':>7} {'overhead':>13} {'used_memory':>11} {'x stock':>7}"
             f" {'of it seen':>10} {'indexes':>7} {'elsewhere':>9} {'seen B/URL':>10}"
             f" {'RSS MiB':>7} encodings"
         )

@@ -2,22 +2,53 @@
   The per-site queues and the index of ready sites, shared by every script
   that puts requests back.
 
-  Layout:
+  Layout (every key built from the declared queue key, so when that key carries a hash
+  tag, Redis Cluster, all of them live in its slot):
     <queue>                 the index of ready sites (K.queue), each scored by its best request
-    <queue>:<site>          one site's requests, scored -priority * PRIORITY_BAND + arrival,
-                            so the best priority comes first and equal priorities FIFO; built
-                            from the declared queue key, so when that key carries a hash tag
-                            (Redis Cluster) every site queue lives in its slot
+    <queue>|p<priority>|<site>  a list per priority of a site: its requests in arrival order
+                            (RPUSH, LPOP), each packed as below
+    <queue>|i|<site>        a sorted set of the site's priorities with requests, each scored
+                            -priority * PRIORITY_BAND + the arrival of its list's head: the
+                            first is the site's best request (best priority, then FIFO)
+    <queue>|n               site -> requests it has queued
+    <queue>:<site>          the older layout: a sorted set of payloads scored the same way,
+                            still drained (member OLDER of the site's priorities) but never
+                            written
     K.throttled             sites that must wait (tokens, Retry-After), by wake time
     K.capped                sites at their concurrency cap (lib/permits.lua)
+
+  An entry of a priority list: a form byte, the arrival (ARRIVAL_BYTES, big-endian), the
+  payload's delivery id as 6 bytes when the form says so, then the payload less what the
+  form rebuilds: its opening {"url":"https://<site> (or http://) and its closing
+  ,"id":"<12 hex digits>"} (project/frontier/wire.py writes both). Popped, the payload is
+  byte for byte the one pushed. Form byte: 'A' + 2 * url (0 none, 1 https, 2 http) + id.
 
   Needs KEYS: queue, throttled, capped, seq, queued. Needs lib/chunked.lua.
 ]]
 local PRIORITY_BAND = 1e10   -- one priority step outweighs 10^10 arrivals
 local PRIORITY_LIMIT = 100000 -- priorities are clamped so a score stays exact in a double
+-- This file's internals in one table (the step script has few top-level locals to spare):
+-- how an entry is packed, the keys, the older layout's adoption.
+local sq = {
+    -- an arrival below PRIORITY_BAND (beyond it scores overlap anyway) fits 5 bytes (2^40)
+    ARRIVAL_BYTES = 5, HEADER = '>BI5', ID_HEADER = '>BI5I6', -- form, arrival(, id)
+    ID_TAIL_LEN = 21, ID_TAIL_PATTERN = '^,"id":"([0-9a-f]+)"}$', -- ,"id":"<12 hex>"}
+    ID_TAIL_FORMAT = ',"id":"%012x"}',
+    FORM_A = 65, -- 'A'
+    OLDER = 'z', -- the site's sorted set of the older layout, among its priorities
+    COUNTS = K.queue .. '|n',
+}
 
-local function site_key(site)
+local function site_key(site) -- the older layout's sorted set
     return K.queue .. ':' .. site
+end
+
+function sq.index_key(site)
+    return K.queue .. '|i|' .. site
+end
+
+function sq.list_key(site, priority)
+    return K.queue .. '|p' .. priority .. '|' .. site
 end
 
 local function clamp_priority(priority)
@@ -36,25 +67,150 @@ local function priority_of(payload)
     return 0
 end
 
+-- The openings a site's payloads usually have, which its entries leave out.
+function sq.url_openings(site)
+    return {'{"url":"https://' .. site, '{"url":"http://' .. site}
+end
+
+-- A payload as a priority list holds it (see the header); few strings made, it runs for
+-- every request queued.
+function sq.pack_entry(payload, arrival, openings)
+    local form, from, to = 0, 1, #payload
+    for url, opening in ipairs(openings) do
+        if string.find(payload, opening, 1, true) == 1 then
+            form, from = 2 * url, #opening + 1
+            break
+        end
+    end
+    if to - from >= sq.ID_TAIL_LEN - 1 then
+        local hex = string.match(payload, sq.ID_TAIL_PATTERN, to - sq.ID_TAIL_LEN + 1)
+        if hex and #hex == 12 then
+            return struct.pack(sq.ID_HEADER, sq.FORM_A + form + 1, arrival, tonumber(hex, 16))
+                .. string.sub(payload, from, to - sq.ID_TAIL_LEN)
+        end
+    end
+    return struct.pack(sq.HEADER, sq.FORM_A + form, arrival) .. string.sub(payload, from, to)
+end
+
+-- The payload and arrival of an entry; one this file did not write is a payload of its own.
+function sq.unpack_entry(entry, openings)
+    local form = (string.byte(entry) or 0) - sq.FORM_A
+    if form < 0 or form > 5 or #entry < 1 + sq.ARRIVAL_BYTES + 6 * (form % 2) then
+        return entry, 0
+    end
+    local opening = openings[math.floor(form / 2)] or ''
+    if form % 2 == 1 then
+        local _, arrival, id, from = struct.unpack(sq.ID_HEADER, entry)
+        return opening .. string.sub(entry, from) .. string.format(sq.ID_TAIL_FORMAT, id), arrival
+    end
+    local _, arrival, from = struct.unpack(sq.HEADER, entry)
+    return opening .. string.sub(entry, from), arrival
+end
+
+-- The index member of a priority: the same text for the same number (0 for -0).
+function sq.priority_member(priority)
+    if priority == math.floor(priority) then return string.format('%d', priority) end
+    return string.format('%.17g', priority)
+end
+
+-- A score as Redis replies it.
+function sq.score_text(score)
+    return string.format('%.17g', score)
+end
+
+-- The older layout's sorted set of a site joins its index (once): its best request's
+-- score, or nil when it has none.
+function sq.adopt_older(site)
+    local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
+    if not head[2] then return nil end
+    if redis.call('ZADD', sq.index_key(site), 'NX', head[2], sq.OLDER) == 1 then
+        redis.call('HINCRBY', sq.COUNTS, site, redis.call('ZCARD', site_key(site)))
+    end
+    return head[2]
+end
+
 -- The score of a site's best request, or nil when it has none.
 local function site_head(site)
-    local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
-    return head[2]
+    local head = redis.call('ZRANGE', sq.index_key(site), 0, 0, 'WITHSCORES')
+    return head[2] or sq.adopt_older(site)
 end
 
 -- Whether a site has requests queued.
 local function site_has(site)
-    return redis.call('EXISTS', site_key(site)) == 1
+    return redis.call('EXISTS', sq.index_key(site), site_key(site)) > 0
 end
 
 -- Requests a site has queued.
 local function site_size(site)
-    return redis.call('ZCARD', site_key(site))
+    local n = tonumber(redis.call('HGET', sq.COUNTS, site))
+    if n then return n end
+    return redis.call('ZCARD', site_key(site)) -- the older layout's, not adopted yet
+end
+
+-- Up to n of the older layout's requests scored below `bound` (none: any), into out.
+function sq.pop_older(site, n, bound, out)
+    local key, popped = site_key(site), nil
+    if bound then
+        popped = redis.call('ZRANGE', key, '-inf', '(' .. bound, 'BYSCORE', 'LIMIT', 0, n,
+                            'WITHSCORES')
+        if #popped > 0 then redis.call('ZREMRANGEBYRANK', key, 0, #popped / 2 - 1) end
+    else
+        popped = redis.call('ZPOPMIN', key, n)
+    end
+    for _, value in ipairs(popped) do out[#out + 1] = value end
+    local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if head[2] then
+        redis.call('ZADD', sq.index_key(site), head[2], sq.OLDER)
+    else
+        redis.call('ZREM', sq.index_key(site), sq.OLDER)
+    end
+    return #popped / 2
+end
+
+-- Up to n of a priority list's requests, into out.
+function sq.pop_list(site, member, n, openings, out)
+    local key, band = sq.list_key(site, member), -tonumber(member) * PRIORITY_BAND
+    local popped = redis.call('LPOP', key, n)
+    if not popped then popped = {} end -- gone (deleted by hand): the index forgets it
+    for _, entry in ipairs(popped) do
+        local payload, arrival = sq.unpack_entry(entry, openings)
+        out[#out + 1] = payload
+        out[#out + 1] = sq.score_text(band + arrival)
+    end
+    local head = #popped == n and redis.call('LINDEX', key, 0)
+    if head then
+        local _, arrival = sq.unpack_entry(head, openings)
+        redis.call('ZADD', sq.index_key(site), band + arrival, member)
+    else
+        redis.call('ZREM', sq.index_key(site), member)
+    end
+    return #popped
 end
 
 -- Take up to n of a site's best requests: {payload, score, ...}, best first.
 local function site_pop(site, n)
-    return redis.call('ZPOPMIN', site_key(site), n)
+    local out, index, openings = {}, sq.index_key(site), sq.url_openings(site)
+    local taken, adopted = 0, false
+    while taken < n do
+        local top = redis.call('ZRANGE', index, 0, 1, 'WITHSCORES')
+        if #top == 0 then
+            if adopted or not sq.adopt_older(site) then break end
+            adopted = true
+        elseif top[1] == sq.OLDER then
+            -- its requests all came before the lists' (one arrival counter): only a worse
+            -- priority's list may come between two of them
+            local got = sq.pop_older(site, n - taken, top[4], out)
+            taken = taken + got
+            if got == 0 and top[4] then break end -- a stale score: fixed, next step goes on
+        else
+            -- another priority is a band apart: this list's requests all come first
+            taken = taken + sq.pop_list(site, top[1], n - taken, openings, out)
+        end
+    end
+    if taken > 0 and redis.call('HINCRBY', sq.COUNTS, site, -taken) <= 0 then
+        redis.call('HDEL', sq.COUNTS, site)
+    end
+    return out
 end
 
 -- Put a site in the ready index at its best request (out of it when it has none).
@@ -73,34 +229,60 @@ local function index_site(site)
     reindex_site(site)
 end
 
--- Add {site -> {score, payload, ...}} (best score first) to the site queues and the index.
+-- Add the groups of group_by_site to the site queues and the index.
 local function push_grouped(by_site)
     local total = 0
-    for site, args in pairs(by_site) do
-        total = total + chunked('ZADD', site_key(site), args, 2)
+    for site, grouped in pairs(by_site) do
+        -- a site with no lists yet may still have the older layout's sorted set: it goes first
+        if redis.call('HINCRBY', sq.COUNTS, site, grouped.n) == grouped.n then
+            sq.adopt_older(site)
+        end
+        local index = sq.index_key(site)
+        for member, list in pairs(grouped.lists) do
+            local key, first = sq.list_key(site, member), 0
+            for from = 1, #list, CHUNK do
+                local last = math.min(#list, from + CHUNK - 1)
+                local length = redis.call('RPUSH', key, unpack(list, from, last))
+                if from == 1 then first = length end
+            end
+            -- a new list: its head is the first of these
+            if first == math.min(#list, CHUNK) then
+                redis.call('ZADD', index, grouped.heads[member], member)
+            end
+        end
+        total = total + grouped.n
         if not redis.call('ZSCORE', K.throttled, site)
                 and redis.call('SISMEMBER', K.capped, site) == 0 then
             -- LT: only ever lowers a ready site's score to its new best request
-            redis.call('ZADD', K.queue, 'LT', args[1], site)
+            redis.call('ZADD', K.queue, 'LT', grouped.best, site)
         end
     end
     if total > 0 then redis.call('INCRBY', K.queued, total) end
 end
 
--- Group entries {site, priority, payload} by site with fresh arrival numbers.
+-- Group entries {site, priority, payload} by site and priority, packed with fresh arrival
+-- numbers: site -> {lists = {member -> {entry, ...}}, heads = {member -> score}, best, n}.
 local function group_by_site(entries)
     local base = redis.call('INCRBY', K.seq, #entries) - #entries
-    local by_site = {}
+    local by_site, openings, members = {}, {}, {}
     for j, entry in ipairs(entries) do
-        local site = entry[1]
-        local args = by_site[site]
-        if not args then args = {}; by_site[site] = args end
-        local score = -entry[2] * PRIORITY_BAND + base + j
-        if #args > 0 and score < args[1] then
-            table.insert(args, 1, entry[3]); table.insert(args, 1, score)
-        else
-            args[#args + 1] = score; args[#args + 1] = entry[3]
+        local site, priority = entry[1], entry[2]
+        local grouped = by_site[site]
+        if not grouped then
+            grouped = {lists = {}, heads = {}, best = nil, n = 0}
+            by_site[site], openings[site] = grouped, sq.url_openings(site)
         end
+        local member = members[priority]
+        if not member then member = sq.priority_member(priority); members[priority] = member end
+        local list = grouped.lists[member]
+        local score = -priority * PRIORITY_BAND + base + j
+        if not list then
+            list = {}
+            grouped.lists[member], grouped.heads[member] = list, score
+        end
+        list[#list + 1] = sq.pack_entry(entry[3], base + j, openings[site])
+        if not grouped.best or score < grouped.best then grouped.best = score end
+        grouped.n = grouped.n + 1
     end
     return by_site
 end
