@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import redis
 import redis.asyncio
 from hypothesis import HealthCheck, Phase, assume, event, example, given, settings
@@ -425,6 +426,7 @@ def _check_payload(payload: bytes) -> Request | None:
     return request
 
 
+@pytest.mark.slow("600 hypothesis payloads, each decoded into a request against a real spider")
 @fuzz(600)
 @given(payloads)
 # found by this test (each raised something other than a ValueError, or named a non-callback)

@@ -194,6 +194,7 @@ def test_a_slow_start_is_waited_for_and_seeds_the_fleet_once(
     assert fleet.stats(1)["frontier/start/ran_here"] is False
 
 
+@pytest.mark.slow("waits out the killed node's claim on start() before the other takes it")
 @pytest.mark.crawl
 def test_a_node_killed_in_the_middle_of_start_hands_it_to_a_waiting_node(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], tmp_path: Any

@@ -158,6 +158,7 @@ def pipelines(
             "MONGO_URI": uri,
             "MONGO_DATABASE": database,
             "MONGO_JOURNAL_DIR": str(journal),
+            "MONGO_DRAIN_TIMEOUT": 0.5,
             "MONGO_FLUSH_INTERVAL": 0.2,
             "MONGO_SERVER_SELECTION_TIMEOUT": 1.0,
             "RUNS_CRAWL_ID": "unit",

@@ -180,6 +180,7 @@ def test_per_ip_limit_covers_every_host_name_of_a_server(fleet: Fleet, make_shop
     assert shop.stats()["total"] > 200, "both host names were crawled"
 
 
+@pytest.mark.slow("the adaptive rate climbs from 2/s over a 150-product crawl at 100 ms")
 def test_adaptive_rate_follows_the_fleets_latency(fleet: Fleet, make_shop, redis_client) -> None:
     shop = make_shop(products=150, latency_ms=100)
     site = urlsplit(shop.url("/")).netloc

@@ -116,6 +116,8 @@ def crawl_settings(uri: str, database: str, journal: Path, **extra: Any) -> dict
         "MONGO_FLUSH_INTERVAL": 0.3,
         "MONGO_RETRY_MAX_DELAY": 2.0,
         "MONGO_SERVER_SELECTION_TIMEOUT": 2.0,
+        # a crawl that ends while MongoDB is away gives up waiting soon (a test waits on it)
+        "MONGO_DRAIN_TIMEOUT": 3.0,
         "ROBOTSTXT_OBEY": False,
         "TELNETCONSOLE_ENABLED": False,
         "REMOTE_CONTROL_ENABLED": False,

@@ -302,6 +302,9 @@ def test_a_journal_write_failure_fails_the_item_loudly(
     assert stats["mongo/journal_errors"] == len(failures)
     assert stats["mongo/journaled"] == stored + 1
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    gave_up = [r for r in errors if r.getMessage().startswith("crawled, not stored")]
+    assert len(gave_up) == 1, "closing, the store says what it could not store"
+    errors = [r for r in errors if r not in gave_up]
     assert len(errors) == 1, "one ERROR for the whole streak, not one per batch"
     assert "cannot journal 1 items to" in errors[0].getMessage()
     assert "No space left on device" in errors[0].getMessage()
@@ -397,6 +400,7 @@ def test_missing_privileges_are_errors_in_the_log_and_the_stats(
     with caplog.at_level(logging.DEBUG, logger="project.storage.store"):
         stats = asyncio.run(run())
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [e for e in errors if not e.startswith("crawled, not stored")]
     assert any("cannot create the index sku of shop.products" in e for e in errors), errors
     assert any("writes refused, journaling to" in e for e in errors), errors
     assert any("journal replay refused" in e for e in errors), errors
@@ -506,7 +510,11 @@ def test_replay_never_overwrites_newer_content(
 
 
 @pytest.mark.crawl
-def test_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None:
+def test_a_crawl_that_cannot_store_what_it_found_waits_then_says_how_many_and_where(
+    tmp_path: Path,
+) -> None:
+    """No fleet (no outbox), MongoDB away: the crawl waits MONGO_DRAIN_TIMEOUT, then names
+    the journal and its host (only a node started there can replay it)."""
     journal = tmp_path / "journal"
     with ShopServer(products=10) as shop:
         settings = crawl_settings(_dead_uri(), "fleetcrawl", journal)
@@ -514,10 +522,12 @@ def test_a_finished_crawl_with_a_journal_backlog_says_so(tmp_path: Path) -> None
         stats = crawl.wait(60)
     backlog = journal_backlog(journal)
     assert backlog == stats["mongo/journal_backlog"] == stats["mongo/journaled"] > 0
-    assert (
-        f"WARNING: crawl finished with {backlog} items not in MongoDB yet: they wait in the"
-        f" journal {journal} on "
-    ) in crawl.log()
+    assert stats["mongo/not_stored"] == stats["mongo/not_stored/journal"] == backlog
+    log = crawl.log()
+    assert "WARNING: crawled, waiting for MongoDB at mongodb://" in log
+    assert "ERROR: crawled, not stored: MongoDB at mongodb://" in log
+    assert f"{backlog} in the journal {journal}/node-0 on " in log
+    assert "with MONGO_JOURNAL_DIR=" in log
 
 
 # -- the write concern ----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def make_store(
             "MONGO_FLUSH_INTERVAL": 0.2,
             "MONGO_SERVER_SELECTION_TIMEOUT": 1.0,
             "RUNS_CRAWL_ID": "unit",
+            # a store closing while MongoDB is away gives up soon (tests that wait say so)
+            "MONGO_DRAIN_TIMEOUT": 0.5,
             **settings,
         },
     )

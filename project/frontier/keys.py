@@ -119,6 +119,8 @@ class FrontierKeys:
     revisit: str
     due: str
     runs: str
+    #: Records waiting for MongoDB (project/storage/outbox.py), one list per database under it.
+    outbox: str
     templates: KeyTemplates = dataclasses.field(default=KeyTemplates(), repr=False, compare=False)
 
     @classmethod
@@ -159,7 +161,7 @@ class FrontierKeys:
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
                 "history", "layout", "deliveries", "allowed", "recent", "start", "capped",
-                "holders", "revisit", "due", "runs",
+                "holders", "revisit", "due", "runs", "outbox",
             )
         }  # fmt: skip
         return cls(

@@ -260,7 +260,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             logger.debug("%s reads no seeds of its own", type(spider).__name__)
         assert self.loop is not None
         self.loop.start()
-        self.crawler.signals.send_catch_log(frontier_started, loop=self.loop)
+        self.crawler.signals.send_catch_log(frontier_started, loop=self.loop, keys=self.keys)
         self._ready.set()
 
     async def _prepare(self) -> None:

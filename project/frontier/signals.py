@@ -10,7 +10,8 @@ from __future__ import annotations
 __all__ = ["frontier_started", "item_stored_ref", "items_still_there", "seen_set_opened"]
 
 #: The fleet scheduler's frontier loop started: ``loop``, the FrontierLoop (the permit gate
-#: asks it before a leased request goes on the wire).
+#: asks it before a leased request goes on the wire), and ``keys``, the spider's FrontierKeys
+#: (the item store keeps what MongoDB cannot take yet in the fleet's outbox).
 frontier_started = object()
 
 #: The fleet scheduler opened its seen-set: ``dupefilter``, the FleetDupeFilter whose

@@ -149,6 +149,25 @@ def _sites(sites: list[dict[str, Any]], counts: dict[str, Any]) -> Table:
     return table
 
 
+def _waiting(status: dict[str, Any]) -> str:
+    """Records not in MongoDB yet, and where: the fleet's outbox, the nodes' journals."""
+    outbox = status.get("outbox")
+    parts = []
+    if outbox is not None:
+        text = f"{outbox['records']} in the outbox ({outbox['bytes'] / 1048576:.1f} MiB)"
+        if outbox["malformed"]:
+            text += f", {outbox['malformed']} malformed set aside"
+        parts.append(text)
+    journals = [
+        f"{printable(n['id'], 60)}: {n['journal_backlog']}"
+        for n in status.get("nodes", [])
+        if n.get("journal_backlog")
+    ]
+    if journals:
+        parts.append("journals of " + ", ".join(journals[:10]))
+    return "; ".join(parts) or "n/a"
+
+
 def render(status: dict[str, Any]) -> RenderableType:
     """Everything ``status`` and ``status --watch`` show for one ``fleet_status()`` result.
 
@@ -206,6 +225,7 @@ def render(status: dict[str, Any]) -> RenderableType:
             *stored,
             ("seeds rejected", str(fleet["seeds_rejected"])),
             ("journal backlog", "n/a" if backlog is None else str(backlog)),
+            ("waiting for mongodb", _waiting(status)),
             ("pages/min", f"{fleet['pages_per_min']:.0f}"),
             ("items/min", f"{fleet['items_per_min']:.0f}"),
             (

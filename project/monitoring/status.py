@@ -37,6 +37,7 @@ __all__ = [
     "history",
     "mongo_counts",
     "node_view",
+    "outbox_status",
     "priority_bands",
     "read_dead_letters",
     "redact_dead_letter",
@@ -338,6 +339,16 @@ def site_table(
     """The busiest sites: queued, in flight, leases granted, fleet-wide rate cap and state."""
     rows: list[dict[str, Any]] = frontier_snapshot(client, keys, sites=limit)["sites"]
     return rows
+
+
+def outbox_status(client: redis.Redis, key: str) -> dict[str, Any]:
+    """What waits for MongoDB in the fleet's outbox (project/storage/outbox.py)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(key)
+        pipe.get(f"{key}:bytes")
+        pipe.llen(f"{key}:malformed")
+        records, size, malformed = pipe.execute()
+    return {"key": key, "records": int(records), "bytes": _int(size), "malformed": int(malformed)}
 
 
 def mongo_counts(
@@ -695,6 +706,9 @@ class StatusReader:
         status = fleet_status(self.redis, self.keys, sites=self.sites, previous_leases=before)
         self._achieved_rates(status.get("sites", []))
         if self.mongo is not None:
+            status["outbox"] = outbox_status(
+                self.redis, f"{self.keys.outbox}:{self.mongo.database}"
+            )
             where = f"MongoDB at {mask_url(self.mongo.uri)}"
             if self._mongo is None:
                 import pymongo  # imported late: the failures command needs no MongoDB client

@@ -1,5 +1,5 @@
 """The ``fleetcrawl`` command: services, status, dashboard, failures, changes, runs, seen-set,
-scrapyd nodes."""
+the store's outbox, scrapyd nodes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from project.ops import recurring, scrapyd, services_cli
+from project.ops import recurring, scrapyd, services_cli, store
 from project.ops.common import (
     CommandError,
     frontier_keys,
@@ -160,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in (status, dashboard, failures):
         _setting_option(command)
     recurring.register(sub, _setting_option)
+    store.register(sub, _setting_option)
     for name, func, text in (
         ("services", _services, "start|stop|status the local Redis and FerretDB"),
     ):

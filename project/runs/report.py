@@ -18,16 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+from redis.exceptions import RedisError
 
 from project.config import read_settings, setting
 from project.runs.webhook import deliver
 from project.storage.config import MongoConfig
+from project.storage.records import report_record
 
 if TYPE_CHECKING:
     from typing import Self
 
     from pymongo.asynchronous.database import AsyncDatabase
     from scrapy.settings import BaseSettings
+
+    from project.storage.outbox import Outbox
 
 __all__ = ["RunsConfig", "finish_run", "render_report"]
 
@@ -156,11 +160,13 @@ def _compare(report: _Document, previous: _Document | None, config: RunsConfig) 
 async def finish_run(
     settings: BaseSettings, spider: str, run_id: str, started: float, ended: float,
     nodes: dict[str, dict[str, Any]], config: RunsConfig, *, whole: bool = True,
+    outbox: Outbox | None = None,
 ) -> _Document | None:  # fmt: skip
     """Mark what is gone, store and print the run's report, alert on failed thresholds.
 
     *whole*: the run could fetch every page again (see RunTracker): only then are the items it
-    did not see gone.
+    did not see gone. MongoDB away, the report of the nodes' counters waits in the fleet's
+    *outbox* like the items (project/storage/outbox.py): stored once a node drains it.
     """
     counts = _summed(nodes)
     pages = _total(counts, "downloader/response_count")
@@ -181,7 +187,8 @@ async def finish_run(
         # A whole crawl: it began from the seeds (a keep-alive fleet's run of due revisits
         # fetches only those), and no item waits in a journal (not in MongoDB yet)
         seeded = _total(counts, "frontier/seeds/accepted", "frontier/start/requests") > 0
-        complete = whole and seeded and not counts.get("mongo/journaled")
+        waited = _total(counts, "mongo/journaled", "mongo/outboxed", "mongo/not_stored")
+        complete = whole and seeded and not waited
         if config.mark_gone and complete:
             for name in collections:
                 gone += await _mark_gone(database, mongo, name, run_id, start_at, end_at)
@@ -231,10 +238,51 @@ async def finish_run(
                 {"_id": run_id}, {"$set": {"webhook": report["webhook"]}}
             )
     except PyMongoError as exc:
+        await client.close()
+        return await _report_later(mongo, spider, run_id, started, ended, nodes, outbox, exc)
+    await client.close()
+    return report
+
+
+async def _report_later(
+    mongo: MongoConfig, spider: str, run_id: str, started: float, ended: float,
+    nodes: dict[str, dict[str, Any]], outbox: Outbox | None, exc: PyMongoError,
+) -> _Document | None:  # fmt: skip
+    """MongoDB away as the run ends: the nodes' counters as its report, in the outbox.
+
+    Nothing is marked gone (what is stored cannot be read), ``items.stored`` is None.
+    """
+    counts = _summed(nodes)
+    report: _Document = {
+        "_id": run_id, "spider": spider, "started": datetime.fromtimestamp(started, UTC),
+        "ended": datetime.fromtimestamp(ended, UTC), "duration_seconds": round(ended - started, 1),
+        "nodes": len(nodes), "pages": _total(counts, "downloader/response_count"),
+        "bytes": _total(counts, "downloader/response_bytes"),
+        "items": {"inserted": _total(counts, "mongo/inserted"),
+                  "updated": _total(counts, "mongo/updated"),
+                  "waited": _total(counts, "mongo/journaled", "mongo/outboxed"),
+                  "not_stored": _total(counts, "mongo/not_stored"), "gone": 0, "stored": None},
+        "rejects": _total(counts, "validation/dropped", "mongo/rejected"),
+        "dead_letters": _total(counts, "frontier/dead"), "coverage": _coverage(counts),
+        "gone_marked": False, "written_later": True,
+        "note": f"MongoDB was away when the run ended ({exc}): the nodes' counters only",
+    }  # fmt: skip
+    if outbox is None:
         logger.error("could not write the report of crawl run %s: %s", run_id, exc)
         return None
-    finally:
-        await client.close()
+    record = report_record(report, database=mongo.database, collection=mongo.runs_collection)
+    try:
+        taken = await outbox.push([record])
+    except RedisError as error:
+        taken, exc = False, error  # type: ignore[assignment]
+    if not taken:
+        logger.error("could not write the report of crawl run %s anywhere: %s", run_id, exc)
+        return None
+    logger.warning(
+        "MongoDB is away (%s): the report of crawl run %s waits in the outbox %s, and is"
+        " stored once a node or `fleetcrawl store drain` writes it; nothing was marked gone",
+        exc, run_id, outbox.key,
+    )  # fmt: skip
     return report
 
 

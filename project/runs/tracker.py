@@ -29,6 +29,7 @@ from project.frontier import lua
 from project.frontier.config import FrontierConfig
 from project.frontier.revisit import RevisitConfig
 from project.runs.report import RunsConfig, finish_run
+from project.storage.outbox import Outbox
 from project.storage.store import MongoStore
 
 if TYPE_CHECKING:
@@ -222,9 +223,13 @@ class RunTracker:
         # with an empty seen-set, or the pages are under revisit policies (a seen URL under
         # none is never fetched again, and its items would all look gone)
         revisiting = bool(RevisitConfig.from_settings(self.crawler.settings).rules)
+        store = MongoStore.existing(self.crawler)
+        outbox = None
+        if store is not None and store.outbox is not None:
+            outbox = Outbox(self._server, store.outbox.key, max_bytes=store.outbox.max_bytes)
         await finish_run(
             self.crawler.settings, self.spider.name, run_id, started / 1000, ended / 1000, nodes,
-            self.config, whole=fresh or revisiting,
+            self.config, whole=fresh or revisiting, outbox=outbox,
         )  # fmt: skip
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:

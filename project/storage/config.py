@@ -84,6 +84,12 @@ class MongoConfig:
     retry_max_delay: float = setting("MONGO_RETRY_MAX_DELAY", 30.0)
     server_selection_timeout: float = setting("MONGO_SERVER_SELECTION_TIMEOUT", 3.0)
     socket_timeout: float = setting("MONGO_SOCKET_TIMEOUT", 30.0)
+    #: How long a node that is done keeps trying to store what waits (its journal, the
+    #: fleet's outbox) before it exits 3, "crawled, not stored".
+    drain_timeout: float = setting("MONGO_DRAIN_TIMEOUT", 600.0)
+    #: Most bytes the fleet's outbox in Redis holds while MongoDB is away (0: no outbox, a
+    #: node journals to its own disk).
+    outbox_max_bytes: int = setting("MONGO_OUTBOX_MAX_BYTES", 512 * 1024 * 1024)
     #: ``majority``, a number of members (``1``, ``2``, ...) or a tag set's name.
     write_concern: str = setting("MONGO_WRITE_CONCERN", "majority")
     crawl_id: str = setting("RUNS_CRAWL_ID", "", shown="<spider>-<start time, UTC>")
@@ -127,6 +133,7 @@ class MongoConfig:
             ("MONGO_RETRY_MAX_DELAY", "retry_max_delay"),
             ("MONGO_SERVER_SELECTION_TIMEOUT", "server_selection_timeout"),
             ("MONGO_SOCKET_TIMEOUT", "socket_timeout"),
+            ("MONGO_DRAIN_TIMEOUT", "drain_timeout"),
         ):
             if not values[field_name] > 0:
                 raise StorageConfigError(f"{name} must be > 0, got {settings.get(name)!r}")

@@ -28,6 +28,7 @@ __all__ = [
     "item_record",
     "refused_reject",
     "reject_record",
+    "report_record",
     "touch_record",
     "well_formed",
 ]
@@ -91,6 +92,17 @@ def reject_record(
     }
 
 
+def report_record(report: Mapping[str, Any], *, database: str, collection: str) -> Record:
+    """The record of a crawl run's report that MongoDB could not take when the run ended:
+    its datetimes as Unix times, named in ``times``."""
+    doc = {k: v for k, v in report.items() if k != "_id"}
+    times = [name for name, value in doc.items() if hasattr(value, "timestamp")]
+    for name in times:
+        doc[name] = doc[name].timestamp()
+    return {"db": database, "kind": "report", "collection": collection, "id": str(report["_id"]),
+            "doc": doc, "times": times}  # fmt: skip
+
+
 def touch_record(collection: str, ids: list[str], *, database: str, seen: float) -> Record:
     """The record of items seen again without their content (a 304): ``last_seen`` moves."""
     return {"db": database, "kind": "touch", "collection": collection, "ids": ids, "seen": seen}
@@ -146,8 +158,15 @@ def well_formed(record: object, database: str) -> bool:
         "item",
         "reject",
         "touch",
+        "report",
     ):
         return False
+    if record["kind"] == "report":
+        collection = record.get("collection")
+        return (
+            isinstance(record.get("id"), str) and isinstance(record.get("doc"), dict)
+            and isinstance(collection, str) and collection_name_error(collection, database) is None
+        )  # fmt: skip
     if record["kind"] == "touch":
         ids, collection = record.get("ids"), record.get("collection")
         return (

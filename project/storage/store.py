@@ -7,21 +7,28 @@ Group commit, and the journal while MongoDB is away: what a batch does to each c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConfigurationError, ConnectionFailure, PyMongoError
 from pymongo.write_concern import WriteConcern
+from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
-from project.frontier.signals import item_stored_ref, items_still_there
+from project.frontier.config import FrontierConfig
+from project.frontier.signals import frontier_started, item_stored_ref, items_still_there
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.documents import MAX_BSON_SIZE
 from project.storage.errors import (
@@ -32,6 +39,7 @@ from project.storage.errors import (
     severity,
 )
 from project.storage.journal import Journal, JournalLockedError
+from project.storage.outbox import Outbox
 from project.storage.placement import place_product
 from project.storage.records import item_record, reject_record, touch_record, well_formed
 from project.storage.writes import BatchWriter
@@ -45,10 +53,11 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
+    from project.frontier.keys import FrontierKeys
     from project.schema import Product
     from project.storage.placement import PlacedItem
 
-__all__ = ["ItemNotStoredError", "ItemRejectedError", "MongoStore"]
+__all__ = ["EXIT_NOT_STORED", "ItemNotStoredError", "ItemRejectedError", "MongoStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +68,14 @@ _MAX_REFS = 10_000
 _MAX_COVERAGE_FIELDS = 64
 #: A permanent error that goes on is logged again after this many seconds.
 _REMIND_SECONDS = 600.0
+#: How often a node whose MongoDB answers looks for records in the fleet's outbox.
+_OUTBOX_CHECK_SECONDS = 2.0
+#: A node done crawling says what still waits for MongoDB this often.
+_WAITING_LOG_SECONDS = 60.0
+#: Journaled records moved to the outbox per push.
+_MOVE_BATCH = 500
+#: The exit status of a node that crawled but could not store everything it found.
+EXIT_NOT_STORED = 3
 _Record = dict[str, Any]
 _Pending = tuple[_Record, "asyncio.Future[None]"]
 _Document = dict[str, Any]
@@ -67,7 +84,7 @@ _stores: WeakKeyDictionary[Crawler, MongoStore] = WeakKeyDictionary()
 
 
 class MongoStore:
-    """Writes items and rejects to MongoDB in batches, or to the local journal while it is away.
+    """Writes items and rejects to MongoDB in batches; while it is away, to the fleet's outbox.
 
     ``save_*`` return once the record is durable: acknowledged by MongoDB in a bulk write, or
     appended and fsync'd to the journal; they raise ``ItemNotStoredError`` when neither took it,
@@ -77,6 +94,14 @@ class MongoStore:
     backoff, replays the journal segment by segment and deletes each segment once MongoDB
     acknowledged it. An item's content is written only by a record seen after the stored one
     (``last_seen``), so a late replay never overwrites what another node wrote since.
+
+    On a fleet node (the frontier announces its keys) MongoDB's absence sends batches to the
+    fleet's outbox in Redis first (project/storage/outbox.py) and to the journal only when
+    Redis refuses them too; journaled records move to the outbox once Redis takes them, and
+    any node whose MongoDB answers drains the outbox. A node that is done waits, up to
+    ``MONGO_DRAIN_TIMEOUT``, until nothing waits; then ``mongo/not_stored`` counts what still
+    does and a ``scrapy`` command exits 3, ``EXIT_NOT_STORED`` (an exit handler: Scrapy's
+    crawl command has no other way for a component to set its status).
     """
 
     def __init__(self, config: MongoConfig, stats: StatsCollector) -> None:
@@ -110,6 +135,16 @@ class MongoStore:
         # once its object is gone): revisits name them by (collection, _id)
         self._refs: dict[int, tuple[Any, tuple[str, str]]] = {}
         self._coverage: dict[str, set[str]] = {}
+        self.outbox: Outbox | None = None
+        self._outbox_trouble: str | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._drain_lock = asyncio.Lock()
+        self._settings: Any = None
+        #: Records that still waited for MongoDB when this node gave up (MONGO_DRAIN_TIMEOUT).
+        self.not_stored = 0
+        #: A node that gave up exits 3, in a ``scrapy`` command (``scrapy crawl``, scrapyd's
+        #: runner): not a process that runs crawls of its own (a test, ``fleetcrawl store drain``).
+        self.exit_when_not_stored = _in_scrapy_command()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> MongoStore:
@@ -125,11 +160,27 @@ class MongoStore:
                 raise
             assert crawler.stats is not None
             store = _stores[crawler] = cls(config, crawler.stats)
+            store._settings = crawler.settings
             crawler.signals.connect(store.crawl_closed, signal=signals.spider_closed)
+            # a fleet node: while MongoDB is away, items wait in the fleet's Redis
+            crawler.signals.connect(store.frontier_ready, signal=frontier_started)
             # the frontier names the items it knows still there; the store keeps them
             crawler.signals.connect(store.stored_ref, signal=item_stored_ref)
             crawler.signals.connect(store.keep_alive, signal=items_still_there)
         return store
+
+    def frontier_ready(self, keys: FrontierKeys) -> None:
+        """``frontier_started``: the fleet's outbox for this database, unless turned off."""
+        if self.outbox is not None or self.config.outbox_max_bytes <= 0 or self._settings is None:
+            return
+        client = FrontierConfig.from_settings(self._settings).client(
+            socket_timeout=10, socket_connect_timeout=5
+        )
+        self.outbox = Outbox(
+            client, f"{keys.outbox}:{self.config.database}", max_bytes=self.config.outbox_max_bytes
+        )
+        if self._watcher is None and self._client is not None:
+            self._watcher = asyncio.ensure_future(self._watch_outbox())
 
     @staticmethod
     def existing(crawler: Crawler) -> MongoStore | None:
@@ -267,6 +318,8 @@ class MongoStore:
                 "found %d journaled items in %s, replaying them first", backlog, config.journal_dir
             )
             self._start_journaling(delay=0.0)
+        if self.outbox is not None and self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch_outbox())
 
     async def _abandon(self) -> None:
         """Undo an open that cannot go on."""
@@ -276,40 +329,110 @@ class MongoStore:
             await client.close()
 
     async def close(self) -> None:
-        """Flush, make a last replay attempt, and disconnect (when the last user closes)."""
+        """Flush, wait until nothing waits for MongoDB (up to ``MONGO_DRAIN_TIMEOUT``), and
+        disconnect (when the last user closes)."""
         self._users -= 1
         if self._users > 0 or self._client is None:
             return
         await self._flush()
+        await asyncio.gather(*self._touches, return_exceptions=True)  # they log their own errors
+        await self._flush()
         await asyncio.gather(*self._tasks)
+        waiting = await self._wait_stored()
         # Wake the retry loop for a last attempt rather than cancel it: a cancelled command
         # drops its connection mid-write, which FerretDB does not always survive.
         self._closing.set()
         if self._recovery is not None:
             await self._recovery
+        if self._watcher is not None:
+            await self._watcher
+        if waiting:
+            # what the journal holds goes where every node can reach it, if Redis takes it
+            await self._journal_to_outbox()
+            waiting = await self._waiting()
         backlog = await asyncio.to_thread(self.journal.backlog)
         self._stats.set_value("mongo/journal_backlog", backlog)
-        if backlog:
-            logger.warning(
-                "closing with %d journaled items in %s: they are replayed at the next start",
-                backlog, self.journal.directory,
-            )  # fmt: skip
+        if waiting:
+            self._gave_up(waiting)
         await asyncio.to_thread(self.journal.close)
+        if self.outbox is not None:
+            await self.outbox.client.aclose()
         client, self._client = self._client, None
         await client.close()
 
+    async def _waiting(self) -> dict[str, int]:
+        """Records not in MongoDB yet: in this node's journal, and in the fleet's outbox."""
+        found = {"journal": await asyncio.to_thread(self.journal.backlog)}
+        if self.outbox is not None:
+            try:
+                found["outbox"] = (await self.outbox.size()).records
+            except RedisError as exc:
+                self._outbox_unusable(f"Redis unreachable ({exc})")
+        return {where: count for where, count in found.items() if count}
+
+    async def _wait_stored(self) -> dict[str, int]:
+        """Until nothing waits for MongoDB, or MONGO_DRAIN_TIMEOUT: this node does not leave
+        its run while items it crawled are not stored. Returns what still waits."""
+        started = time.monotonic()
+        deadline = started + self.config.drain_timeout
+        told: float | None = None
+        while waiting := await self._waiting():
+            now = time.monotonic()
+            if now >= deadline:
+                return waiting
+            if told is None or now - told >= _WAITING_LOG_SECONDS:
+                told = now
+                logger.warning(
+                    "crawled, waiting for MongoDB at %s to store %s (%.0f s of"
+                    " MONGO_DRAIN_TIMEOUT %.0f s)",
+                    mask_url(self.config.uri), self._describe_waiting(waiting), now - started,
+                    self.config.drain_timeout,
+                )  # fmt: skip
+            if not self._journaling:  # else the retry loop writes, or moves the journal
+                await self._drain_outbox()
+            await asyncio.sleep(1.0)
+        return {}
+
+    def _describe_waiting(self, waiting: Mapping[str, int]) -> str:
+        parts = []
+        if waiting.get("outbox"):
+            assert self.outbox is not None
+            parts.append(f"{waiting['outbox']} records in the outbox {self.outbox.key} of Redis")
+        if waiting.get("journal"):
+            parts.append(
+                f"{waiting['journal']} in the journal {self.journal.directory} on"
+                f" {socket.gethostname()}"
+            )
+        return " and ".join(parts)
+
+    def _gave_up(self, waiting: Mapping[str, int]) -> None:
+        """MONGO_DRAIN_TIMEOUT ran out: say how many wait and where, and exit 3."""
+        self.not_stored = sum(waiting.values())
+        self._stats.set_value("mongo/not_stored", self.not_stored)
+        for where, count in waiting.items():
+            self._stats.set_value(f"mongo/not_stored/{where}", count)
+        how = (
+            f"`fleetcrawl store drain --spider {self.config.spider}` or any node of this spider writes"
+            " the outbox once MongoDB answers"
+        )
+        if waiting.get("journal"):
+            how += (
+                f"; the journal only a node started on {socket.gethostname()} with"
+                f" MONGO_JOURNAL_DIR={self.config.journal_dir}"
+            )
+        logger.error(
+            "crawled, not stored: MongoDB at %s did not answer within MONGO_DRAIN_TIMEOUT %.0f s;"
+            " %s wait: %s",
+            mask_url(self.config.uri), self.config.drain_timeout, self._describe_waiting(waiting),
+            how,
+        )  # fmt: skip
+        if self.exit_when_not_stored:
+            atexit.register(_exit_not_stored)
+
     def crawl_closed(self, spider: Spider, reason: str) -> None:
-        """``spider_closed``: a crawl that ``finished`` with a journal backlog says so."""
+        """``spider_closed``: a node that could not open its store exits 1."""
         if self.fatal is not None:
             spider.crawler.spider = None  # exit status 1: see open_for_crawl
-        backlog = int(self._stats.get_value("mongo/journal_backlog", 0) or 0)
-        if reason == "finished" and backlog:
-            logger.warning(
-                "crawl finished with %d items not in MongoDB yet: they wait in the journal %s"
-                " on %s, and reach MongoDB only when a node starts there again with this"
-                " MONGO_JOURNAL_DIR",
-                backlog, self.config.journal_dir, socket.gethostname(), extra={"spider": spider},
-            )  # fmt: skip
 
     # -- saving ----------------------------------------------------------------------------
 
@@ -419,6 +542,9 @@ class MongoStore:
             else:
                 _settle(chunk, failures)
                 return
+        if await self._to_outbox(records):
+            _settle(chunk, {})
+            return
         try:
             await asyncio.to_thread(self.journal.append, records)
         except OSError as exc:
@@ -430,6 +556,121 @@ class MongoStore:
             logger.warning("the journal %s takes items again", self.journal.directory)
         self._stats.inc_value("mongo/journaled", len(records))
         _settle(chunk, {})
+
+    # -- the fleet's outbox (project/storage/outbox.py) -------------------------------------
+
+    async def _to_outbox(self, records: Sequence[_Record]) -> bool:
+        """Put *records* in the fleet's outbox; False when there is none or Redis refuses."""
+        if self.outbox is None:
+            return False
+        try:
+            taken = await self.outbox.push(records)
+        except RedisError as exc:
+            self._outbox_unusable(f"Redis unreachable ({exc})")
+            return False
+        if not taken:
+            self._stats.inc_value("mongo/outbox_full", len(records))
+            self._outbox_unusable(
+                f"the outbox is full (MONGO_OUTBOX_MAX_BYTES {self.outbox.max_bytes})"
+            )
+            return False
+        if self._outbox_trouble is not None:
+            logger.warning("the outbox %s takes records again", self.outbox.key)
+            self._outbox_trouble = None
+        self._stats.inc_value("mongo/outboxed", len(records))
+        return True
+
+    def _outbox_unusable(self, why: str) -> None:
+        if self._outbox_trouble != why:
+            self._outbox_trouble = why
+            logger.warning(
+                "cannot put records in the outbox %s: %s; journaling to %s",
+                self.outbox.key if self.outbox else "", why, self.journal.directory,
+            )  # fmt: skip
+
+    async def _journal_to_outbox(self) -> None:
+        """Move journaled records (sealed segments) to the outbox, while Redis takes them."""
+        if self.outbox is None or not self.journal.segments():
+            return
+        async with self._flush_lock:
+            self.journal.seal()
+        for segment in self.journal.sealed_segments():
+            records = await asyncio.to_thread(self.journal.read, segment)
+            records = [r for r in records if well_formed(r, self.config.database)]
+            for start in range(0, len(records), _MOVE_BATCH):
+                if not await self._to_outbox(records[start : start + _MOVE_BATCH]):
+                    return  # the rest stays in the journal; what was moved is stored once
+            await asyncio.to_thread(self.journal.remove, segment)
+            self._stats.inc_value("mongo/journal_to_outbox", len(records))
+            logger.info(
+                "moved %d journaled records of %s to the outbox %s",
+                len(records), segment, self.outbox.key,
+            )  # fmt: skip
+
+    async def _watch_outbox(self) -> None:
+        """While this node's MongoDB answers, write what other nodes left in the outbox."""
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), _OUTBOX_CHECK_SECONDS)
+            if self._closing.is_set() or self._journaling or self._client is None:
+                continue
+            await self._drain_outbox()
+
+    async def _drain_outbox(self) -> int:
+        """Write the outbox to MongoDB, oldest first, if no other node does; records written.
+
+        Never raises: MongoDB failing sends this node back to its retry loop, Redis failing
+        leaves the outbox for the next attempt.
+        """
+        outbox = self.outbox
+        if outbox is None or self._drain_lock.locked():
+            return 0
+        written = 0
+        async with self._drain_lock:
+            try:
+                if not (await outbox.size()).records or not await outbox.lease():
+                    return 0
+                await self._prepare()
+                while entries := await outbox.head(self.config.batch_size):
+                    records, bad = self._readable(entries)
+                    await outbox.set_aside(bad)
+                    if records:
+                        await self._write(records)
+                    if not await outbox.remove(len(entries)):
+                        break  # the lease lapsed: its new holder writes these again
+                    written += len(records)
+                    self._stats.inc_value("mongo/drained", len(records))
+                await outbox.release()
+            except RedisError as exc:
+                logger.warning("cannot read the outbox %s (%s): trying again", outbox.key, exc)
+            except PyMongoError as exc:
+                self._switch_to_journal(exc)
+            except Exception:
+                logger.exception("could not write the outbox %s", outbox.key)
+        if written:
+            logger.info("wrote %d records of the outbox %s to MongoDB", written, outbox.key)
+        return written
+
+    def _readable(self, entries: Sequence[bytes]) -> tuple[list[_Record], list[bytes]]:
+        """The entries that are records of this store, and the others (counted, logged)."""
+        records, bad = [], []
+        for entry in entries:
+            try:
+                record = json.loads(entry)
+            except (ValueError, RecursionError):
+                record = None
+            if well_formed(record, self.config.database):
+                records.append(record)
+            else:
+                bad.append(entry)
+        if bad:
+            assert self.outbox is not None
+            self._stats.inc_value("mongo/outbox_malformed", len(bad))
+            logger.error(
+                "%d entries of the outbox %s are not records of this store: set aside in %s",
+                len(bad), self.outbox.key, f"{self.outbox.key}:malformed",
+            )  # fmt: skip
+        return records, bad
 
     def _journal_failed(self, exc: OSError, count: int) -> None:
         """Neither MongoDB nor the disk takes the items: the pipeline must fail them."""
@@ -487,6 +728,9 @@ class MongoStore:
                 await self._replay()
             except Exception as exc:  # noqa: BLE001 (this loop must outlive any failure)
                 self._stats.inc_value("mongo/retries")
+                # MongoDB still away: what the journal holds goes where every node can reach it
+                with contextlib.suppress(OSError):
+                    await self._journal_to_outbox()
                 if self._closing.is_set():
                     return
                 delay, next_delay = next_delay, min(next_delay * 2, self.config.retry_max_delay)
@@ -624,3 +868,64 @@ def _settle(chunk: Sequence[_Pending], failures: Mapping[int, BaseException]) ->
             future.set_exception(failures[index])
         else:
             future.set_result(None)
+
+
+def _in_scrapy_command() -> bool:
+    """This process is a ``scrapy`` command: the console script, ``python -m scrapy``, or
+    scrapyd's runner."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if name in ("scrapy.__main__", "scrapy.cmdline", "scrapyd.runner"):
+        return True
+    return Path(sys.argv[0] if sys.argv else "").name == "scrapy"
+
+
+def _exit_not_stored() -> None:
+    """At exit, after a node gave up waiting for MongoDB: status 3, "crawled, not stored".
+
+    Scrapy's ``crawl`` command has one status for a crawl that failed (1) and none of its
+    components can set another, so the last exit handler registered (atexit runs them
+    newest first) flushes what the logging module and the standard streams hold and ends the
+    process with it.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(EXIT_NOT_STORED)
+
+
+class _Counts(dict[str, Any]):
+    """The part of Scrapy's stats collector the store uses, for a store outside a crawl."""
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
+        self[key] = self.get(key, start) + count
+
+    def set_value(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        return self.get(key, default)
+
+
+async def drain(settings: Any, spider: str, keys: FrontierKeys, timeout: float) -> dict[str, Any]:
+    """``fleetcrawl store drain``: write *spider*'s outbox, and the journals this host's dead
+    nodes left in ``MONGO_JOURNAL_DIR``, to MongoDB; wait up to *timeout* seconds for it.
+
+    Returns the counts: ``drained`` and ``replayed`` records, ``not_stored`` still waiting.
+    """
+    config = MongoConfig.from_settings(settings, spider_name=spider)
+    counts = _Counts()
+    store = MongoStore(dataclasses.replace(config, drain_timeout=timeout), counts)  # type: ignore[arg-type]
+    store._settings = settings
+    store.frontier_ready(keys)
+    await store.open()
+    await store.close()
+    return {
+        "outbox": store.outbox.key if store.outbox is not None else None,
+        "drained": counts.get("mongo/drained", 0),
+        "replayed": counts.get("mongo/replayed", 0),
+        "malformed": counts.get("mongo/outbox_malformed", 0),
+        "not_stored": store.not_stored,
+    }

@@ -80,11 +80,14 @@ class BatchWriter:
         items: dict[str, _Group] = {}
         rejects: _Group = []
         touches: list[Record] = []
+        reports: list[Record] = []
         for index, record in enumerate(records):
             if record["kind"] == "reject":
                 rejects.append((index, record))
             elif record["kind"] == "touch":
                 touches.append(record)
+            elif record["kind"] == "report":
+                reports.append(record)
             else:
                 items.setdefault(collection_of(record, self._products), []).append((index, record))
         counts: dict[str, Counter[str]] = {}
@@ -99,6 +102,8 @@ class BatchWriter:
         lost = await self._write_rejects(rejects) if rejects else {}
         if touches:
             await self._touch(touches)
+        for report in reports:
+            await self._write_report(report)
         self._stats.inc_value("mongo/batches")
         for collection, counted in counts.items():
             for name, count in counted.items():
@@ -113,6 +118,16 @@ class BatchWriter:
         for index, reason in lost.items():
             failures.setdefault(index, ItemRejectedError(f"MongoDB refused the reject ({reason})"))
         return failures
+
+    async def _write_report(self, record: Record) -> None:
+        """A crawl run's report that waited in the outbox: stored as it was made, unless the
+        run's report is there already (a node wrote it once MongoDB answered)."""
+        doc = dict(record["doc"])
+        for name in record.get("times", ()):
+            if isinstance(doc.get(name), int | float):
+                doc[name] = datetime.fromtimestamp(doc[name], UTC)
+        collection = self._database[record["collection"]]
+        await collection.update_one({"_id": record["id"]}, {"$setOnInsert": doc}, upsert=True)
 
     async def _write_items(
         self, name: str, records: _Group, counts: Counter[str]
