@@ -51,6 +51,15 @@ async def _save(uri: str, database: str, journal: Path, keys: FrontierKeys, redi
     return stats.get_stats(), store
 
 
+def _left_without_mongodb(
+    database: str, journal: Path, keys: FrontierKeys, redis_url: str, numbers: range
+) -> None:
+    """A node whose MongoDB is away saved products *numbers* and gave up at once."""
+    asyncio.run(
+        _save(_dead_uri(), database, journal, keys, redis_url, numbers, MONGO_DRAIN_TIMEOUT=0.5)
+    )
+
+
 # --- the outbox itself -------------------------------------------------------------------------
 
 
@@ -199,17 +208,7 @@ def test_fleetcrawl_store_drain_writes_what_a_node_left(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     keys = keyspace.keys("shop")
-    asyncio.run(
-        _save(
-            _dead_uri(),
-            mongo.name,
-            tmp_path / "j",
-            keys,
-            redis_url,
-            range(25),
-            MONGO_DRAIN_TIMEOUT=0.5,
-        )
-    )
+    _left_without_mongodb(mongo.name, tmp_path / "j", keys, redis_url, range(25))
     env = {"REDIS_URL": redis_url, "MONGO_URI": services.mongo_url, "MONGO_DATABASE": mongo.name,
            "MONGO_JOURNAL_DIR": str(tmp_path / "cli-journal")}  # fmt: skip
     done = run_cli("store", "drain", "--spider", "shop", *keyspace.cli_args(), env=env)
@@ -221,17 +220,7 @@ def test_fleetcrawl_store_drain_writes_what_a_node_left(
     assert "0 records of the outbox" in again.stdout
 
     # MongoDB still away: the command says so and exits 3, like a node that gave up
-    asyncio.run(
-        _save(
-            _dead_uri(),
-            mongo.name,
-            tmp_path / "j",
-            keys,
-            redis_url,
-            range(30, 32),
-            MONGO_DRAIN_TIMEOUT=0.5,
-        )
-    )
+    _left_without_mongodb(mongo.name, tmp_path / "j", keys, redis_url, range(30, 32))
     away = run_cli("store", "drain", "--spider", "shop", "--timeout", "1", *keyspace.cli_args(),
                    env={**env, "MONGO_URI": _dead_uri()})  # fmt: skip
     assert away.returncode == 3

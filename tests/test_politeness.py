@@ -128,7 +128,12 @@ def test_a_throttled_site_does_not_slow_the_other(
 
     print(f"fast site alone {done['alone']:.1f} s, beside a throttled one {done['together']:.1f} s")
     assert done["together"] <= done["alone"] * 1.5 + 2, done
-    assert max(_steady_rates(slow)) <= 3
+    # 2/s with a bucket of one token: at most 1 + 2 a second by grant time; a request granted
+    # late in a second and slowed by the suite's load arrives in the next (one suite run saw
+    # 4 in a second), so each second is held to twice the rate and the window to the rate
+    rates = _steady_rates(slow)
+    assert max(rates) <= 4, rates
+    assert sum(rates) <= 2 * len(rates) + 3, rates
     assert len(slow.stats()["product_hits"]) < 100, "the slow site cannot be done yet"
 
 
