@@ -371,3 +371,53 @@ def test_a_node_that_cannot_store_exits_3_and_store_drain_writes_what_it_crawled
     done = run_cli("store", "drain", "--spider", fleet.spider, *fleet.space.cli_args(), env=env)
     assert done.returncode == 0, done.stderr
     assert len(set(_stored(own_mongo.mongo_url, fleet.mongo_db))) == products
+
+
+@pytest.mark.slow("two crawls of 150 products; MongoDB away and a node killed in the second")
+def test_items_a_killed_node_saw_while_mongodb_was_away_are_not_marked_gone(
+    fleet: Fleet, make_shop: Any, own_mongo: ServicesConfig, tmp_path: Path
+) -> None:
+    """A node killed while MongoDB is away takes nothing with it: what it saw waits in the
+    outbox, the other node stores it before the run ends, and the run (every page under a
+    revisit policy, so it marks what it did not see gone) saw every product. With the outbox
+    off (the journal on the killed node's disk, as before) 10 of 150 kept the first crawl's
+    last_seen: their sightings died with the node."""
+    shop = make_shop(150, latency_ms=100)
+    fleet.mongo_url = own_mongo.mongo_url
+    fleet.settings.update({"FRONTIER_REVISIT": {".": "1s"}, "MONGO_RETRY_MAX_DELAY": 1.0,
+                           "MONGO_SERVER_SELECTION_TIMEOUT": 1.0, "CONCURRENT_REQUESTS": 2})  # fmt: skip
+    fleet.start_node(MONGO_JOURNAL_DIR=str(tmp_path / "j0"))
+    fleet.seed(shop.url("/"))
+    assert fleet.procs[0].wait(180) == 0, fleet.log(0)[-3000:]
+    assert _count(own_mongo.mongo_url, fleet.mongo_db) == 150
+    time.sleep(1.2)  # every page due again
+
+    shop.reset()
+    fleet.start_node(MONGO_JOURNAL_DIR=str(tmp_path / "j1"))
+    fleet.start_node(MONGO_JOURNAL_DIR=str(tmp_path / "j2"))
+    with fleet.client() as client:  # node0 is done: wait_ready would count its exit
+        wait_for(lambda: int(client.zcard(fleet.keys.holders)) >= 2, 60, "two nodes stepping")
+    fleet.seed(shop.url("/"))
+    wait_for(lambda: len(shop.stats()["product_hits"]) >= 20, 60, "the second crawl under way")
+    assert stop_service(own_mongo, "mongo")
+    outbox = f"{fleet.keys.outbox}:{fleet.mongo_db}"
+    with fleet.client() as client:
+        wait_for(lambda: int(client.llen(outbox)) >= 10, 60, "records in the outbox", 0.1)
+    wait_for(lambda: "MongoDB unreachable" in fleet.log(1), 30, "node1 without MongoDB", 0.1)
+    time.sleep(1.0)
+    fleet.kill(1)  # what it acknowledged since MongoDB went away is only in the outbox
+    start_mongo(own_mongo)
+    assert fleet.procs[2].wait(180) == 0, fleet.log(2)[-3000:]
+
+    with pymongo.MongoClient(own_mongo.mongo_url, serverSelectionTimeoutMS=5000) as client:
+        db = client[fleet.mongo_db]
+        run = fleet.stats(2)["run/id"]
+        report = db.crawl_runs.find_one({"_id": run})
+        gone = db.products.count_documents({"gone_at": {"$exists": True}})
+        started = report["started"] if report else None
+        stale = db.products.count_documents({"last_seen": {"$lt": started}}) if started else -1
+    assert report is not None, "the second run's report is stored"
+    assert fleet.stat(2, "mongo/drained") > 0
+    assert gone == 0, f"{gone} live products marked gone"
+    assert report["items"]["gone"] == 0
+    assert stale == 0, "every product was seen by the second run"
