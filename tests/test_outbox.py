@@ -101,6 +101,29 @@ def test_one_drainer_at_a_time_and_a_lapsed_lease_removes_nothing(
     assert asyncio.run(run()) == [True, False, 4, True, False, 10, True, 6, True]
 
 
+def test_a_drainer_whose_lease_lapsed_removes_nothing_even_when_nobody_holds_it(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    """Another drainer took the lapsed lease, wrote the batch and let go: the first one's
+    removal would drop records nobody wrote."""
+
+    async def run() -> list[Any]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        key = f"{keys.outbox}:db"
+        one = Outbox(client, key, max_bytes=1 << 20, lease_seconds=0.2)
+        two = Outbox(client, key, max_bytes=1 << 20, lease_seconds=0.2)
+        await one.push([{"n": i} for i in range(8)])
+        seen = [await one.lease(), len(await one.head(4))]
+        await asyncio.sleep(0.3)
+        seen += [await two.lease(), await two.remove(4)]
+        await two.release()
+        seen += [await one.remove(4), (await one.size()).records]
+        await client.aclose()
+        return seen
+
+    assert asyncio.run(run()) == [True, 4, True, True, False, 4]
+
+
 # --- a store whose MongoDB is away -------------------------------------------------------------
 
 

@@ -238,9 +238,13 @@ async def finish_run(
                 {"_id": run_id}, {"$set": {"webhook": report["webhook"]}}
             )
     except PyMongoError as exc:
+        failure: PyMongoError | None = exc
+    else:
+        failure = None
+    finally:
         await client.close()
-        return await _report_later(mongo, spider, run_id, started, ended, nodes, outbox, exc)
-    await client.close()
+    if failure is not None:
+        return await _report_later(mongo, spider, run_id, started, ended, nodes, outbox, failure)
     return report
 
 

@@ -1,8 +1,8 @@
 --[[
   The outbox's drainer (project/storage/outbox.py) takes or renews its lease and removes the
   records it wrote to MongoDB from the head: one drainer at a time, so two nodes never remove
-  what only one of them wrote. A drainer whose lease lapsed removes nothing; whoever holds it
-  now writes those records again, which stores them once.
+  what only one of them wrote. A drainer whose lease lapsed (held by another, or by nobody)
+  removes nothing; whoever holds it next writes those records again, which stores them once.
 
   Input:
     KEYS[1]  outbox  records waiting, oldest first; "<outbox>:bytes" their size,
@@ -16,10 +16,12 @@
 
 local bytes_key, lease_key = K.outbox .. ':bytes', K.outbox .. ':drainer'
 local holder = redis.call('GET', lease_key)
-if holder and holder ~= ARGV[1] then
+local count = tonumber(ARGV[3])
+-- removing needs the lease held by this drainer: a lapsed one may have gone to another that
+-- wrote and removed these, so the head is now records nobody wrote
+if (holder and holder ~= ARGV[1]) or (count > 0 and holder ~= ARGV[1]) then
     return {0, redis.call('LLEN', K.outbox), tonumber(redis.call('GET', bytes_key) or '0')}
 end
-local count = tonumber(ARGV[3])
 if count > 0 then
     local size = 0
     for _, entry in ipairs(redis.call('LRANGE', K.outbox, 0, count - 1)) do

@@ -162,9 +162,16 @@ def well_formed(record: object, database: str) -> bool:
     ):
         return False
     if record["kind"] == "report":
-        collection = record.get("collection")
+        collection, doc, times = (
+            record.get("collection"),
+            record.get("doc"),
+            record.get("times", []),
+        )
         return (
-            isinstance(record.get("id"), str) and isinstance(record.get("doc"), dict)
+            isinstance(record.get("id"), str) and isinstance(doc, dict) and "_id" not in doc
+            and not any(isinstance(k, str) and k.startswith("$") for k in doc)
+            and isinstance(times, list) and all(isinstance(t, str) for t in times)
+            and all(isinstance(doc.get(t), int | float) and _storable_time(doc[t]) for t in times)
             and isinstance(collection, str) and collection_name_error(collection, database) is None
         )  # fmt: skip
     if record["kind"] == "touch":

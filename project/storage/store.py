@@ -139,6 +139,7 @@ class MongoStore:
         self._outbox_trouble: str | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._drain_lock = asyncio.Lock()
+        self._outbox_known = 0
         self._settings: Any = None
         #: Records that still waited for MongoDB when this node gave up (MONGO_DRAIN_TIMEOUT).
         self.not_stored = 0
@@ -342,13 +343,18 @@ class MongoStore:
         # Wake the retry loop for a last attempt rather than cancel it: a cancelled command
         # drops its connection mid-write, which FerretDB does not always survive.
         self._closing.set()
-        if self._recovery is not None:
-            await self._recovery
         if self._watcher is not None:
-            await self._watcher
+            await self._watcher  # first: a write it fails may start the retry loop again
+        while self._recovery is not None and not self._recovery.done():
+            await self._recovery
         if waiting:
             # what the journal holds goes where every node can reach it, if Redis takes it
-            await self._journal_to_outbox()
+            try:
+                await self._journal_to_outbox()
+            except OSError as exc:
+                logger.error(
+                    "cannot move the journal %s to the outbox: %s", self.journal.directory, exc
+                )
             waiting = await self._waiting()
         backlog = await asyncio.to_thread(self.journal.backlog)
         self._stats.set_value("mongo/journal_backlog", backlog)
@@ -365,9 +371,11 @@ class MongoStore:
         found = {"journal": await asyncio.to_thread(self.journal.backlog)}
         if self.outbox is not None:
             try:
-                found["outbox"] = (await self.outbox.size()).records
+                self._outbox_known = (await self.outbox.size()).records
             except RedisError as exc:
+                # what it held when last read still waits, as far as this node knows
                 self._outbox_unusable(f"Redis unreachable ({exc})")
+            found["outbox"] = self._outbox_known
         return {where: count for where, count in found.items() if count}
 
     async def _wait_stored(self) -> dict[str, int]:
@@ -389,7 +397,7 @@ class MongoStore:
                     self.config.drain_timeout,
                 )  # fmt: skip
             if not self._journaling:  # else the retry loop writes, or moves the journal
-                await self._drain_outbox()
+                await self._drain_outbox(until=deadline)
             await asyncio.sleep(1.0)
         return {}
 
@@ -614,9 +622,9 @@ class MongoStore:
                 await asyncio.wait_for(self._closing.wait(), _OUTBOX_CHECK_SECONDS)
             if self._closing.is_set() or self._journaling or self._client is None:
                 continue
-            await self._drain_outbox()
+            await self._drain_outbox(until=time.monotonic() + _OUTBOX_CHECK_SECONDS * 10)
 
-    async def _drain_outbox(self) -> int:
+    async def _drain_outbox(self, until: float | None = None) -> int:
         """Write the outbox to MongoDB, oldest first, if no other node does; records written.
 
         Never raises: MongoDB failing sends this node back to its retry loop, Redis failing
@@ -632,6 +640,10 @@ class MongoStore:
                     return 0
                 await self._prepare()
                 while entries := await outbox.head(self.config.batch_size):
+                    if until is not None and time.monotonic() >= until:
+                        break  # the caller's deadline: the next attempt goes on
+                    if not await outbox.lease():  # renewed before each write
+                        return written
                     records, bad = self._readable(entries)
                     await outbox.set_aside(bad)
                     if records:
@@ -916,6 +928,11 @@ async def drain(settings: Any, spider: str, keys: FrontierKeys, timeout: float) 
     Returns the counts: ``drained`` and ``replayed`` records, ``not_stored`` still waiting.
     """
     config = MongoConfig.from_settings(settings, spider_name=spider)
+    probe = FrontierConfig.from_settings(settings).client(socket_timeout=10)
+    try:
+        await probe.ping()  # Redis unreachable: the command says so (RedisError), not "0 written"
+    finally:
+        await probe.aclose()
     counts = _Counts()
     store = MongoStore(dataclasses.replace(config, drain_timeout=timeout), counts)  # type: ignore[arg-type]
     store._settings = settings

@@ -127,7 +127,14 @@ class BatchWriter:
             if isinstance(doc.get(name), int | float):
                 doc[name] = datetime.fromtimestamp(doc[name], UTC)
         collection = self._database[record["collection"]]
-        await collection.update_one({"_id": record["id"]}, {"$setOnInsert": doc}, upsert=True)
+        try:
+            await collection.update_one({"_id": record["id"]}, {"$setOnInsert": doc}, upsert=True)
+        except (OperationFailure, InvalidName) as exc:
+            if severity(exc) != "permanent":
+                raise
+            # never blocks what waits behind it: counted, logged, dropped
+            self._stats.inc_value("mongo/report_errors")
+            logger.error("MongoDB refuses the report %r: %s", record["id"], exc)
 
     async def _write_items(
         self, name: str, records: _Group, counts: Counter[str]
