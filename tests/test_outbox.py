@@ -353,11 +353,15 @@ def test_a_crawl_that_ends_while_mongodb_is_away_is_stored_before_its_nodes_exit
     assert len(stored) == len(set(stored)) == products
     total = {key: fleet.stat(0, key) + fleet.stat(1, key)
              for key in ("mongo/outboxed", "mongo/drained", "mongo/inserted", "mongo/updated",
-                         "mongo/journaled", "mongo/not_stored")}  # fmt: skip
+                         "mongo/unchanged", "mongo/stale", "mongo/journaled", "mongo/not_stored")}  # fmt: skip
     assert total["mongo/outboxed"] > 0
     assert total["mongo/drained"] == total["mongo/outboxed"]
-    assert total["mongo/inserted"] == products, total
-    assert total["mongo/updated"] == 0, "nothing written twice"
+    # a batch MongoDB took as it went away, its answer lost, goes to the outbox too: written
+    # again, it finds its products stored (unchanged), never a second copy
+    assert total["mongo/inserted"] <= products, total
+    seen_once = total["mongo/inserted"] + total["mongo/unchanged"] + total["mongo/stale"]
+    assert seen_once >= products, total
+    assert total["mongo/updated"] == 0, "nothing rewritten"
     assert total["mongo/not_stored"] == 0
     with pymongo.MongoClient(own_mongo.mongo_url, serverSelectionTimeoutMS=5000) as client:
         reports = list(client[fleet.mongo_db].crawl_runs.find())
