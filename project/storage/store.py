@@ -180,7 +180,11 @@ class MongoStore:
         self.outbox = Outbox(
             client, f"{keys.outbox}:{self.config.database}", max_bytes=self.config.outbox_max_bytes
         )
-        if self._watcher is None and self._client is not None:
+        self._watch_once_open()
+
+    def _watch_once_open(self) -> None:
+        """Start the outbox's watcher once the store is open and has an outbox."""
+        if self.outbox is not None and self._client is not None and self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch_outbox())
 
     @staticmethod
@@ -319,8 +323,7 @@ class MongoStore:
                 "found %d journaled items in %s, replaying them first", backlog, config.journal_dir
             )
             self._start_journaling(delay=0.0)
-        if self.outbox is not None and self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._watch_outbox())
+        self._watch_once_open()
 
     async def _abandon(self) -> None:
         """Undo an open that cannot go on."""
@@ -636,8 +639,8 @@ class MongoStore:
         written = 0
         async with self._drain_lock:
             try:
-                if not (await outbox.size()).records or not await outbox.lease():
-                    return 0
+                if not (await outbox.size()).records:
+                    return 0  # the lease is taken, and renewed, before each write below
                 await self._prepare()
                 while entries := await outbox.head(self.config.batch_size):
                     if until is not None and time.monotonic() >= until:
@@ -928,15 +931,17 @@ async def drain(settings: Any, spider: str, keys: FrontierKeys, timeout: float) 
     Returns the counts: ``drained`` and ``replayed`` records, ``not_stored`` still waiting.
     """
     config = MongoConfig.from_settings(settings, spider_name=spider)
-    probe = FrontierConfig.from_settings(settings).client(socket_timeout=10)
-    try:
-        await probe.ping()  # Redis unreachable: the command says so (RedisError), not "0 written"
-    finally:
-        await probe.aclose()
     counts = _Counts()
     store = MongoStore(dataclasses.replace(config, drain_timeout=timeout), counts)  # type: ignore[arg-type]
     store._settings = settings
     store.frontier_ready(keys)
+    if store.outbox is not None:  # MONGO_OUTBOX_MAX_BYTES = 0: the journals only
+        try:
+            # Redis unreachable: the command says so (RedisError), not "0 written"
+            await store.outbox.client.ping()
+        except RedisError:
+            await store.outbox.client.aclose()
+            raise
     await store.open()
     await store.close()
     return {
