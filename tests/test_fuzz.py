@@ -1006,3 +1006,90 @@ def test_a_payload_whose_priority_lua_reads_as_nan_costs_only_itself(
         machine.step(**_step(maintain=True))  # the lease expired: reap it
     finally:
         machine.teardown()
+
+
+def test_a_site_woken_while_at_its_cap_stays_out_of_the_ready_index(
+    redis_url: str, keys, keyspace
+) -> None:
+    """Found by the machine: a capped site that was also paused came back to the ready index
+    when its pause ended, so a better request pushed later left its score stale."""
+    machine = FrontierMachine(redis_url, keys, keyspace)
+    try:
+        machine.start(
+            pool=["", "s\r"],
+            leases=(0, 1),
+            max_deliveries=2,
+            limits=SiteLimits(rate=0.0, concurrency=3, burst_seconds=10.0, adaptive=False),
+        )
+        machine.crawl_delay(concurrency=0, delay=735754.7229040647, site=3)
+        machine.crawl_delay(concurrency=1, delay=842134.3980787614, site=3)
+        machine.step(
+            acks=[],
+            dead=[b"", 61, b"\xe8C-\xbb\x13"],
+            enqueue=[
+                (b"m", 0, -4393, b'{"url":"http://s/","priority":0x10', ""),
+                (b"f", 0, -196645, b"VmRSS:", 2),
+                (b"f", 1, 532, b'{"url":"http://s/","priority":Infinity', "+"),
+                (b"m", 3, 393, b'{"url":"http://s/","priority":8240', "="),
+                (b"m\xd4\xbf", 0, -71374334, b"\x1c", 2),
+                (b"m\x85\xb4", 0, -523, b'{"url":"http://s/","priority":-1724', ""),
+            ],
+            heartbeat=[b"node-a\nR", b"\n"],
+            latency=[],
+            maintain=True,
+            node="node-b",
+            pauses=[(2, -56)],
+            retries=[],
+            seed_want=0,
+            seeds=[b"\t\x88\xf50\xd9U", b"\xe0]0\x99\xabD8"],
+            sleep_ms=1,
+            want=2,
+        )
+        machine.step(
+            acks=[],
+            dead=[b"\xc6\xcd\xc0l\n\x85"],
+            enqueue=[
+                (b"f+4\xad", 1, -16585, b'{"url":"http://s/","priority":[]', 2),
+                (b"f", 4, -229059, b'{"url":"http://s/","priority":1285', "+"),
+                (b"f%", 3, -210678431, b'{"url":"http://s/","priority":NaN', ""),
+            ],
+            heartbeat=[b"\xe8\xc8\xed\xc3\xefETv\xe5O[\xd1", 40, b"\r\x01\xb3G"],
+            latency=[(4, 1e-06, 43), (2, 2.00001, 36)],
+            maintain=False,
+            node="node-a",
+            pauses=[(3, -521), (0, -2190)],
+            retries=[],
+            seed_want=2,
+            seeds=[b"", b"v"],
+            sleep_ms=1,
+            want=0,
+        )
+        machine.crawl_delay(concurrency=4, delay=875110.0358154156, site=3)
+        machine.crawl_delay(concurrency=0, delay=706018.0094041704, site=1)
+        machine.step(
+            acks=[b",\xe4:iK\x8e\x0c\xc8", 61, 17, 32],
+            dead=[b"", b"\n", b"@\x00\xdbli+\xbd\x94\x01r\r\xde"],
+            enqueue=[
+                (b"m\xed\xab&", 0, -48888, b'{"url":"http://s/","priority":-538', ""),
+                (b"m", 0, 329, b'{"url":"http://s/","priority":-1e400', ""),
+                (b"f", 2, -2234, b'{"url":"http://s/","priority":-543', 0),
+                (b"m", 3, -2389, b'{"url":"http://s/","priority":-Infinity', "+"),
+                (b"f\xd8\x17", 3, -75539, b'{"url":"http://s/","priority":1e400', "+"),
+                (b"f\r\n", 0, 230, b"\x17\x1am\x98", "="),
+            ],
+            heartbeat=[b"", 32, b"node-b\nS"],
+            latency=[(0, 4208.9547349851855, 46), (1, 3.340865166361885e-135, 39)],
+            maintain=False,
+            node="node-b",
+            pauses=[],
+            retries=[
+                (b"\x9f\xf2\xbcZpt\x07", -486, None, b'{"url":"http://s/","priority":"7"'),
+                (b"final", -145, None, b'{"url":"http://s/","priority":256'),
+            ],
+            seed_want=3,
+            seeds=[b"", b"\xec\xc8\xc5r"],
+            sleep_ms=0,
+            want=8,
+        )
+    finally:
+        machine.teardown()

@@ -223,9 +223,14 @@ local function reindex_site(site)
     end
 end
 
--- Put a site back in the ready index at its best request, unless it is throttled.
+-- Put a site back in the ready index at its best request, unless it must wait: throttled
+-- (its wake puts it back) or at its cap (a permit coming back does, lib/permits.lua). A site
+-- in the index is in neither, so a push may lower its score (push_grouped).
 local function index_site(site)
-    if redis.call('ZSCORE', K.throttled, site) then return end
+    if redis.call('ZSCORE', K.throttled, site)
+            or redis.call('SISMEMBER', K.capped, site) == 1 then
+        return
+    end
     reindex_site(site)
 end
 
