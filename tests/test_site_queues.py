@@ -120,7 +120,13 @@ def test_requests_are_leased_best_priority_first_then_in_arrival_order(
     _steps(redis_url, keys, scenario)
     assert int(redis_client.get(keys.queued)) == 0
     assert list(sites_queued(redis_client, keys)) == [], "emptied lists and indexes go"
-    assert not redis_client.exists(keys.site_counts)
+    # a site's count of requests pushed is its count of leases now: none queued
+    assert {site: site_queue_size(redis_client, keys, site) for site in sent} == dict.fromkeys(
+        sent, 0
+    )
+    counts, leases = redis_client.hgetall(keys.site_counts), redis_client.hgetall(keys.leases)
+    assert counts == leases
+    assert sum(int(n) for n in counts.values()) == 27
 
 
 @pytest.mark.parametrize(
@@ -283,7 +289,7 @@ def test_every_key_of_a_site_queue_is_built_from_the_queue_key_in_its_slot(
     _steps(redis_url, keys, scenario)
     from_lua = redis_client.eval(
         _lib(
-            "return {sq.index_key(ARGV[1]), sq.list_key(ARGV[1], '7'), sq.COUNTS, site_key(ARGV[1])}"
+            "return {sq.index_key(ARGV[1]), sq.list_key(ARGV[1], '7'), sq.COUNTS, sq.older_key(ARGV[1])}"
         ),
         1,
         keys.queue,
@@ -330,3 +336,48 @@ def test_a_hostile_payload_costs_only_itself(
         assert sorted(x.payload for x in leased) == sorted([huge, *plain])
 
     _steps(redis_url, keys, scenario)
+
+
+def test_an_upgrade_counts_what_each_site_has_had_queued_and_leases_in_order(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """A frontier of the layout that counted requests still queued (<queue>|n) and leases
+    apart: after the upgrade a site's size is its count less its leases, as before, and a
+    sorted-set site that had been leased from joins its index at once, so it goes first."""
+    from project.frontier.layout import LAYOUT_VERSION, ensure_layout
+
+    lists = [_payload("lists.test", n) for n in range(3)]
+
+    async def push(queue: LeasedQueue) -> None:
+        await queue.step(StepBatch(enqueue=[_entry("lists.test", 0, p) for p in lists]))
+
+    _steps(redis_url, keys, push)
+    # as the older layout left them: 3 queued, 7 leased earlier; a sorted-set site leased 4
+    redis_client.hset(keys.site_counts, "lists.test", 3)
+    redis_client.hset(keys.leases, mapping={"lists.test": 7, "older.test": 4})
+    older = _older_layout(redis_client, keys, "older.test", [0, 0])
+    redis_client.set(keys.layout, 4)
+
+    async def upgrade() -> None:
+        client = redis.asyncio.from_url(redis_url)
+        try:
+            await ensure_layout(client, keys)
+            await ensure_layout(client, keys)  # once
+        finally:
+            await client.aclose()
+
+    asyncio.run(upgrade())
+    assert redis_client.get(keys.layout) == str(LAYOUT_VERSION).encode()
+    assert site_queue_size(redis_client, keys, "lists.test") == 3
+    assert site_queue_size(redis_client, keys, "older.test") == 2
+    assert redis_client.hget(keys.site_counts, "older.test") == b"6", "4 leased + 2 queued"
+    later = _payload("older.test", 99)
+
+    async def lease(queue: LeasedQueue) -> None:
+        await queue.step(StepBatch(enqueue=[_entry("older.test", 0, later)]))
+        got = [x.payload for x in await _lease_all(queue) if x.site == "older.test"]
+        assert got == [*older, later], "the sorted set's requests came first"
+
+    _steps(redis_url, keys, lease)
+    assert site_queue_size(redis_client, keys, "lists.test") == 0
+    assert site_queue_size(redis_client, keys, "older.test") == 0

@@ -56,6 +56,7 @@ def _fill(client: redis.Redis, keys: FrontierKeys, sites: int, idle: int) -> Non
         site = f"shop{i}.test"
         pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
         pipe.hincrby(keys.leases, site, 5)
+        pipe.hincrby(keys.site_counts, site, 5)  # the five leased had been queued (pushed)
     for i in range(idle):
         pipe.hincrby(keys.leases, f"done{i}.test", 3)  # a lease counter the frontier kept
     pipe.execute()

@@ -203,7 +203,7 @@ class FrontierKeys:
 
     def site_index(self, site: str) -> str:
         """The sorted set of *site*'s priorities with requests queued, each scored by its
-        best request (``index_key`` in lib/site_queues.lua)."""
+        band (``index_key`` in lib/site_queues.lua)."""
         return f"{self.queue}|i|{site}"
 
     def site_list(self, site: str, priority: str) -> str:
@@ -213,7 +213,8 @@ class FrontierKeys:
 
     @property
     def site_counts(self) -> str:
-        """The hash of requests queued per site (``SITE_COUNTS`` in lib/site_queues.lua)."""
+        """The hash of requests each site has had queued (``sq.COUNTS`` in lib/site_queues.lua);
+        less :attr:`leases`, its requests queued now."""
         return f"{self.queue}|n"
 
     def older_site_queue(self, site: str) -> str:

@@ -4,7 +4,12 @@ Layout 2 carries a request's site in its in-flight member (``<node>\\nR<site>\\n
 and in its delayed member (``<site>\\n<payload>``); layout 1 left it out and parsed it
 from the payload. Layout 3 records when each site was last leased (``<prefix>:recent``),
 so the counters of idle sites can be forgotten. Layout 4 counts download permits in
-``<prefix>:active`` (lib/permits.lua), where layout 3 counted leases: the old counts go. The first node of a newer fleetcrawl rewrites the old members once,
+``<prefix>:active`` (lib/permits.lua), where layout 3 counted leases: the old counts go.
+Layout 5 counts the requests each site has had queued (``<queue>|n``) where layout 4 counted
+those still queued: a site's queue is that count less its leases (``<prefix>:leases``), so a
+pop counts nothing more; the upgrade adds each site's leases to its count, and a site of the
+sorted-set layout with leases joins its priority index then (a push no longer tells that it
+is the site's first). The first node of a newer fleetcrawl rewrites the old members once,
 under a lock, and records the version in ``<prefix>:layout``; later starts cost one GET.
 Stop every node of the older version before starting the new one.
 """
@@ -15,6 +20,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from project.frontier.site_queues import OLDER
 from project.frontier.sites import site_of
 
 if TYPE_CHECKING:
@@ -26,7 +32,7 @@ __all__ = ["LAYOUT_VERSION", "ensure_layout"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 _LOCK_SECONDS = 120.0  # long enough to rewrite a large delayed set
 _SCAN_COUNT = 1000
 
@@ -84,6 +90,46 @@ async def _date_sites(server: Redis, keys: FrontierKeys) -> None:
         await server.zadd(keys.recent, batch, nx=True)
 
 
+_ADOPT_OLDER = """
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if head[2] and redis.call('ZADD', KEYS[1], 'NX', head[2], ARGV[1]) == 1 then
+    redis.call('HINCRBY', KEYS[3], ARGV[2], redis.call('ZCARD', KEYS[2]))
+end
+"""
+
+
+async def _count_pushed(server: Redis, keys: FrontierKeys) -> None:
+    """Layout 5: each site's count of queued requests becomes its count of requests pushed."""
+    batch: list[tuple[bytes, int]] = []
+
+    async def flush() -> None:
+        async with server.pipeline(transaction=False) as pipe:
+            for site, leased in batch:
+                pipe.hincrby(keys.site_counts, site, leased)  # type: ignore[arg-type]
+            counted = await pipe.execute()
+        fresh = [site for (site, leased), n in zip(batch, counted, strict=True) if n == leased]
+        for site in fresh:  # a count made just now: maybe a site of the sorted-set layout
+            name = site.decode("utf-8", "surrogateescape")
+            await server.eval(
+                _ADOPT_OLDER,
+                3,
+                keys.site_index(name),
+                keys.older_site_queue(name),
+                keys.site_counts,
+                OLDER,
+                site,
+            )
+        batch.clear()
+
+    async for site, leased in server.hscan_iter(keys.leases, count=_SCAN_COUNT):
+        if int(leased) > 0:
+            batch.append((site, int(leased)))
+        if len(batch) >= _SCAN_COUNT:
+            await flush()
+    if batch:
+        await flush()
+
+
 async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
     """Bring the spider's frontier to :data:`LAYOUT_VERSION`; returns the members rewritten."""
     current = str(LAYOUT_VERSION).encode()
@@ -103,6 +149,8 @@ async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
             await _date_sites(server, keys)
         if found is not None and int(found) < 4:
             await server.delete(keys.active)  # leases of the stopped older nodes
+        if found is None or int(found) < 5:
+            await _count_pushed(server, keys)
         await server.set(keys.layout, current)
     if inflight or delayed:
         logger.warning(

@@ -1,8 +1,9 @@
 """The per-site queues as their readers see them (lua/lib/site_queues.lua writes them).
 
 A site's requests wait in one list per priority, in arrival order, and the site's sorted set
-of those priorities scores each by its list's head; an entry is the payload packed with its
-arrival (the header of lib/site_queues.lua). ``fleetcrawl status``, the admin commands, the
+of those priorities scores each by its band (a list it holds may be empty until the next pop
+finds it so); an entry is the payload packed with its arrival; a site's size is the requests
+it has had queued less those leased (the header of lib/site_queues.lua). ``fleetcrawl status``, the admin commands, the
 tests and the benchmarks read them through these functions, never by key themselves.
 """
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OLDER",
+    "PRIORITY_BAND",
     "SiteQueue",
     "queued_requests",
     "read_site_queues",
@@ -35,6 +37,9 @@ __all__ = [
 
 #: The member of a site's index that stands for its sorted set of the older layout.
 OLDER = b"z"
+#: Queue scores are -priority * PRIORITY_BAND + arrival: the band lib/site_queues.lua scores
+#: with, the one Python copy (readers and tests import it from here or from status).
+PRIORITY_BAND = 10_000_000_000
 _FORM_A = 0x41  # the form byte: "A" + 2 * url (0 none, 1 https, 2 http) + 1 with an id
 _ARRIVAL_BYTES = 5
 _ID_BYTES = 6
@@ -64,7 +69,7 @@ def unpack_entry(entry: bytes, site: bytes | str) -> tuple[bytes, int]:
 @dataclass(frozen=True)
 class SiteQueue:
     """One site's queue: its priorities with requests (and the older layout's sorted set,
-    :data:`OLDER`), best first, each with its best request's score and its size."""
+    :data:`OLDER`), best first, each with its index score and its size."""
 
     site: bytes
     heads: list[tuple[bytes, float]]
@@ -131,14 +136,24 @@ def site_queue_sizes(
     keys: FrontierKeys,
     sites: Sequence[bytes | str],
     counts: Sequence[Any] | None = None,
+    leases: Sequence[Any] | None = None,
 ) -> list[int]:
-    """Requests each of *sites* has queued: one round trip (none when *counts* is the
-    ``HMGET`` of :attr:`FrontierKeys.site_counts` already read), one more when some site
-    still has its requests in the older layout only."""
+    """Requests each of *sites* has queued, its count of requests pushed less its leases:
+    one round trip (none when *counts* and *leases* are the ``HMGET`` of
+    :attr:`FrontierKeys.site_counts` and of :attr:`FrontierKeys.leases` already read), one
+    more when some site still has its requests in the older layout only."""
     names = [_bytes(site) for site in sites]
     if not names:
         return []
-    found: list[Any] = list(client.hmget(keys.site_counts, names) if counts is None else counts)  # type: ignore[arg-type]
+    if counts is None or leases is None:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.site_counts, names)  # type: ignore[arg-type]
+            pipe.hmget(keys.leases, names)  # type: ignore[arg-type]
+            counts, leases = pipe.execute()
+    found: list[Any] = [
+        None if n is None else int(n) - int(taken or 0)
+        for n, taken in zip(counts, leases, strict=True)
+    ]
     missing = [j for j, n in enumerate(found) if n is None]
     if missing:
         older = _keys(keys)[2]
@@ -161,7 +176,7 @@ def queued_requests(
     """Every request *site* has queued, best first: (payload, score), as a lease gets them."""
     (queue,) = read_site_queues(client, keys, [site])
     found: list[tuple[bytes, float]] = []
-    for key, (member, head) in zip(
+    for key, (member, _) in zip(
         site_queue_keys(keys, site, [m for m, _ in queue.heads])[1:], queue.heads, strict=True
     ):
         if member == OLDER:
@@ -169,10 +184,11 @@ def queued_requests(
             found += [(bytes(p), float(s)) for p, s in older]
             continue
         listed: Any = client.lrange(key, 0, -1)
-        entries = [unpack_entry(entry, site) for entry in listed]
-        if entries:
-            band = head - entries[0][1]  # -priority * PRIORITY_BAND, without the constant
-            found += [(payload, band + arrival) for payload, arrival in entries]
+        band = -float(member) * PRIORITY_BAND
+        found += [
+            (payload, band + arrival)
+            for payload, arrival in (unpack_entry(e, site) for e in listed)
+        ]
     return sorted(found, key=lambda request: request[1])
 
 

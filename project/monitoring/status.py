@@ -14,7 +14,7 @@ from project.frontier.config import FrontierConfig
 from project.frontier.connection import RedisTarget
 from project.frontier.keys import FrontierKeys
 from project.frontier.seen import bloom_expected
-from project.frontier.site_queues import OLDER, read_site_queues, site_queue_sizes
+from project.frontier.site_queues import OLDER, PRIORITY_BAND, read_site_queues, site_queue_sizes
 from project.storage.config import MongoConfig
 from project.utils import mask_url
 
@@ -44,9 +44,6 @@ __all__ = [
     "site_table",
 ]
 
-#: Queue scores are -priority * PRIORITY_BAND + arrival sequence: the band lib/site_queues.lua
-#: scores with, the one Python copy (readers and tests import it from here).
-PRIORITY_BAND = 10_000_000_000
 #: Sites a status lists, most queued and in flight first; the others are only counted.
 SITES_LISTED = 20
 #: Item collections besides products counted in a status (each is one round trip).
@@ -301,7 +298,8 @@ def _site_rows(
     replies: list[Any] = pipe.execute()
     leases, limits, rates = (dict(zip(every, reply, strict=True)) for reply in replies[:3])
     counts = replies[3] if busy else []
-    sizes = dict(zip(busy, site_queue_sizes(client, keys, busy, counts), strict=True))
+    busy_leases = [leases[site] for site in busy]
+    sizes = dict(zip(busy, site_queue_sizes(client, keys, busy, counts, busy_leases), strict=True))
     since_ms = now_ms - IDLE_LISTED_SECONDS * 1000
 
     def recent(site: bytes) -> bool:

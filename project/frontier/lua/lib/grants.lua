@@ -68,9 +68,10 @@ local function share_of(conc, ask)
     return math.ceil(conc / ask.nodes)
 end
 
--- Take up to n requests of a site's queue as this node's leases; returns how many.
+-- Take up to n requests of a site's queue as this node's leases; returns how many, and
+-- the list they came from last when it may have more (site_pop's).
 local function take(site, n, ask, budget, got)
-    local popped = site_pop(site, n)
+    local popped, last = site_pop(site, n)
     if #popped == 0 then return 0 end
     local args = {}
     local leased = got.leased
@@ -88,7 +89,7 @@ local function take(site, n, ask, budget, got)
     got.recent[#got.recent + 1] = site
     got.taken = got.taken + n_got
     budget.want = budget.want - n_got
-    return n_got
+    return n_got, last
 end
 
 -- n permits of a site become this node's (the caller checked the cap and the share).

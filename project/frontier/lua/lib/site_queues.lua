@@ -8,9 +8,15 @@
     <queue>|p<priority>|<site>  a list per priority of a site: its requests in arrival order
                             (RPUSH, LPOP), each packed as below
     <queue>|i|<site>        a sorted set of the site's priorities with requests, each scored
-                            -priority * PRIORITY_BAND + the arrival of its list's head: the
-                            first is the site's best request (best priority, then FIFO)
-    <queue>|n               site -> requests it has queued
+                            by its band's last score, -priority * PRIORITY_BAND +
+                            PRIORITY_BAND - 1: the first is the list of the site's best
+                            request (best priority; within it, FIFO is the list's own), so a
+                            pop rescores nothing. A member whose list a pop emptied may stay
+                            until the next pop or site_head finds the list gone
+    <queue>|n               site -> requests it has had queued, of which <prefix>:leases has the
+                            ones taken: queued = pushed - leased, so a pop counts nothing
+                            more than the lease count it keeps anyway (lib/grants.lua); the
+                            two go together (maintenance forgets an idle site's both)
     <queue>:<site>          the older layout: a sorted set of payloads scored the same way,
                             still drained (member OLDER of the site's priorities) but never
                             written
@@ -23,7 +29,8 @@
   ,"id":"<12 hex digits>"} (project/frontier/wire.py writes both). Popped, the payload is
   byte for byte the one pushed. Form byte: 'A' + 2 * url (0 none, 1 https, 2 http) + id.
 
-  Needs KEYS: queue, throttled, capped, seq, queued. Needs lib/chunked.lua.
+  Needs KEYS: queue, throttled, capped, seq, queued.
+  Needs lib/chunked.lua.
 ]]
 local PRIORITY_BAND = 1e10   -- one priority step outweighs 10^10 arrivals
 local PRIORITY_LIMIT = 100000 -- priorities are clamped so a score stays exact in a double
@@ -39,7 +46,7 @@ local sq = {
     COUNTS = K.queue .. '|n',
 }
 
-local function site_key(site) -- the older layout's sorted set
+function sq.older_key(site) -- the older layout's sorted set
     return K.queue .. ':' .. site
 end
 
@@ -49,6 +56,12 @@ end
 
 function sq.list_key(site, priority)
     return K.queue .. '|p' .. priority .. '|' .. site
+end
+
+-- The score of a priority's list in a site's index (its band's last score: an older
+-- layout's request of the same priority, scored by its arrival, comes first).
+local function list_score(member)
+    return -tonumber(member) * PRIORITY_BAND + PRIORITY_BAND - 1
 end
 
 local function clamp_priority(priority)
@@ -121,35 +134,45 @@ end
 -- The older layout's sorted set of a site joins its index (once): its best request's
 -- score, or nil when it has none.
 function sq.adopt_older(site)
-    local head = redis.call('ZRANGE', site_key(site), 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', sq.older_key(site), 0, 0, 'WITHSCORES')
     if not head[2] then return nil end
     if redis.call('ZADD', sq.index_key(site), 'NX', head[2], sq.OLDER) == 1 then
-        redis.call('HINCRBY', sq.COUNTS, site, redis.call('ZCARD', site_key(site)))
+        redis.call('HINCRBY', sq.COUNTS, site, redis.call('ZCARD', sq.older_key(site)))
     end
     return head[2]
 end
 
--- The score of a site's best request, or nil when it has none.
-local function site_head(site)
-    local head = redis.call('ZRANGE', sq.index_key(site), 0, 0, 'WITHSCORES')
-    return head[2] or sq.adopt_older(site)
+-- The score of the head of a site's priority list, or nil when the list is gone.
+local function list_head(site, member, openings)
+    local head = redis.call('LINDEX', sq.list_key(site, member), 0)
+    if not head then return nil end
+    local _, arrival = sq.unpack_entry(head, openings or sq.url_openings(site))
+    return -tonumber(member) * PRIORITY_BAND + arrival
 end
 
--- Whether a site has requests queued.
-local function site_has(site)
-    return redis.call('EXISTS', sq.index_key(site), site_key(site)) > 0
+-- The score of a site's best request, or nil when it has none; index members whose list
+-- is gone leave the index. `member`: the list a pop just took from, when it may have more.
+local function site_head(site, member)
+    local index = sq.index_key(site)
+    if member then
+        local score = list_head(site, member)
+        if score then return score end
+        redis.call('ZREM', index, member)
+    end
+    while true do
+        local top = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+        if not top[1] then return sq.adopt_older(site) end
+        if top[1] == sq.OLDER then return top[2] end
+        local score = list_head(site, top[1])
+        if score then return score end
+        redis.call('ZREM', index, top[1])
+    end
 end
 
--- Requests a site has queued.
-local function site_size(site)
-    local n = tonumber(redis.call('HGET', sq.COUNTS, site))
-    if n then return n end
-    return redis.call('ZCARD', site_key(site)) -- the older layout's, not adopted yet
-end
 
 -- Up to n of the older layout's requests scored below `bound` (none: any), into out.
 function sq.pop_older(site, n, bound, out)
-    local key, popped = site_key(site), nil
+    local key, popped = sq.older_key(site), nil
     if bound then
         popped = redis.call('ZRANGE', key, '-inf', '(' .. bound, 'BYSCORE', 'LIMIT', 0, n,
                             'WITHSCORES')
@@ -167,30 +190,27 @@ function sq.pop_older(site, n, bound, out)
     return #popped / 2
 end
 
--- Up to n of a priority list's requests, into out.
+-- Up to n of a priority list's requests, into out. A list that had fewer leaves the index;
+-- one that had exactly n stays in it, empty, until site_head or a pop finds it gone.
 function sq.pop_list(site, member, n, openings, out)
-    local key, band = sq.list_key(site, member), -tonumber(member) * PRIORITY_BAND
-    local popped = redis.call('LPOP', key, n)
-    if not popped then popped = {} end -- gone (deleted by hand): the index forgets it
+    local band = -tonumber(member) * PRIORITY_BAND
+    local popped = redis.call('LPOP', sq.list_key(site, member), n)
+    if not popped then popped = {} end -- gone (emptied, or deleted by hand)
     for _, entry in ipairs(popped) do
         local payload, arrival = sq.unpack_entry(entry, openings)
         out[#out + 1] = payload
         out[#out + 1] = sq.score_text(band + arrival)
     end
-    local head = #popped == n and redis.call('LINDEX', key, 0)
-    if head then
-        local _, arrival = sq.unpack_entry(head, openings)
-        redis.call('ZADD', sq.index_key(site), band + arrival, member)
-    else
-        redis.call('ZREM', sq.index_key(site), member)
-    end
+    if #popped < n then redis.call('ZREM', sq.index_key(site), member) end
     return #popped
 end
 
--- Take up to n of a site's best requests: {payload, score, ...}, best first.
+-- Take up to n of a site's best requests: {payload, score, ...}, best first, and the list
+-- taken from last when it may have more (for site_head), or nil. Counting them is the
+-- caller's (the lease count, lib/grants.lua).
 local function site_pop(site, n)
     local out, index, openings = {}, sq.index_key(site), sq.url_openings(site)
-    local taken, adopted = 0, false
+    local taken, adopted, last = 0, false, nil
     while taken < n do
         local top = redis.call('ZRANGE', index, 0, 1, 'WITHSCORES')
         if #top == 0 then
@@ -204,18 +224,19 @@ local function site_pop(site, n)
             if got == 0 and top[4] then break end -- a stale score: fixed, next step goes on
         else
             -- another priority is a band apart: this list's requests all come first
-            taken = taken + sq.pop_list(site, top[1], n - taken, openings, out)
+            local want = n - taken
+            local got = sq.pop_list(site, top[1], want, openings, out)
+            taken = taken + got
+            if got == want then last = top[1] end
         end
     end
-    if taken > 0 and redis.call('HINCRBY', sq.COUNTS, site, -taken) <= 0 then
-        redis.call('HDEL', sq.COUNTS, site)
-    end
-    return out
+    return out, last
 end
 
--- Put a site in the ready index at its best request (out of it when it has none).
-local function reindex_site(site)
-    local head = site_head(site)
+-- Put a site in the ready index at its best request (out of it when it has none);
+-- `member` as site_head's.
+local function reindex_site(site, member)
+    local head = site_head(site, member)
     if head then
         redis.call('ZADD', K.queue, head, site)
     else
@@ -250,9 +271,9 @@ local function push_grouped(by_site)
                 local length = redis.call('RPUSH', key, unpack(list, from, last))
                 if from == 1 then first = length end
             end
-            -- a new list: its head is the first of these
+            -- a new list joins the index
             if first == math.min(#list, CHUNK) then
-                redis.call('ZADD', index, grouped.heads[member], member)
+                redis.call('ZADD', index, list_score(member), member)
             end
         end
         total = total + grouped.n
@@ -266,7 +287,7 @@ local function push_grouped(by_site)
 end
 
 -- Group entries {site, priority, payload} by site and priority, packed with fresh arrival
--- numbers: site -> {lists = {member -> {entry, ...}}, heads = {member -> score}, best, n}.
+-- numbers: site -> {lists = {member -> {entry, ...}}, best, n}.
 local function group_by_site(entries)
     local base = redis.call('INCRBY', K.seq, #entries) - #entries
     local by_site, openings, members = {}, {}, {}
@@ -274,7 +295,7 @@ local function group_by_site(entries)
         local site, priority = entry[1], entry[2]
         local grouped = by_site[site]
         if not grouped then
-            grouped = {lists = {}, heads = {}, best = nil, n = 0}
+            grouped = {lists = {}, best = nil, n = 0}
             by_site[site], openings[site] = grouped, sq.url_openings(site)
         end
         local member = members[priority]
@@ -283,7 +304,7 @@ local function group_by_site(entries)
         local score = -priority * PRIORITY_BAND + base + j
         if not list then
             list = {}
-            grouped.lists[member], grouped.heads[member] = list, score
+            grouped.lists[member] = list
         end
         list[#list + 1] = sq.pack_entry(entry[3], base + j, openings[site])
         if not grouped.best or score < grouped.best then grouped.best = score end

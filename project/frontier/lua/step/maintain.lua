@@ -110,6 +110,13 @@ do
         return rate <= 0 or tonumber(t) + (now - tonumber(last)) / 1000 * rate >= 1
     end
 
+    -- Requests a site has queued: pushed less leased (lib/site_queues.lua's header).
+    local function site_size(site)
+        local n = tonumber(redis.call('HGET', sq.COUNTS, site))
+        if n then return n - tonumber(redis.call('HGET', K.leases, site) or 0) end
+        return redis.call('ZCARD', sq.older_key(site)) -- the older layout's, not adopted yet
+    end
+
     local function forget_idle(now, limits)
         local old = redis.call('ZRANGEBYSCORE', K.recent, '-inf', now - FORGET_AFTER_MS,
                                'LIMIT', 0, FORGET_BATCH)
@@ -122,6 +129,7 @@ do
                 redis.call('ZADD', K.recent, now, site) -- looked at again FORGET_AFTER_MS later
             else
                 redis.call('HDEL', K.leases, site)
+                redis.call('HDEL', sq.COUNTS, site) -- its pushed count (lib/site_queues.lua)
                 redis.call('HDEL', K.buckets, site)
                 redis.call('HDEL', K.active, site)
                 redis.call('HDEL', K.lat_sum, site)

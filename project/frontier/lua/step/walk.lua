@@ -35,8 +35,8 @@ function Walk.run(ask, budget, got, limits)
             tokens = bucket_tokens(site, rate, now, limits)
             allowed = math.min(allowed, math.floor(tokens))
         end
-        local n = 0
-        if allowed > 0 then n = take(site, allowed, ask, budget, got) end
+        local n, last = 0, nil
+        if allowed > 0 then n, last = take(site, allowed, ask, budget, got) end
         if n > 0 then
             record_permits(site, n, ask, budget, got)
             active = active + n
@@ -52,14 +52,14 @@ function Walk.run(ask, budget, got, limits)
         elseif n == 0 then
             skip = skip + 1 -- this node's share of it is used up: the next site, if any
         elseif rate > 0 and tokens < 1 then
-            if site_has(site) then
+            if site_head(site, last) then
                 park_for_rate(site, tokens, rate, now)
                 got.throttled_changed = true
             else
                 redis.call('ZREM', K.queue, site)
             end
         else
-            reindex_site(site)
+            reindex_site(site, last)
         end
     end
 end
