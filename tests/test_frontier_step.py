@@ -833,6 +833,11 @@ def test_a_seed_key_of_another_type_gives_no_seeds_and_no_error(
     async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
         result = await a.step(StepBatch(enqueue=[entry(1)], seed_want=4, want=1))
         assert (result.seeds, len(result.leased)) == ([], 1)
+        # the counts a maintaining step sends: such a key holds no seeds
+        counted = await b.step(StepBatch(maintain=True, seed_want=1))
+        assert counted.seeds == []
+        assert counted.counts is not None
+        assert counted.counts.seeds == 0
 
     run(redis_url, keys, scenario)
 

@@ -5,6 +5,9 @@
   Needs KEYS: start_urls.
 ]]
 local function seed_count()
-    if redis.call('TYPE', K.start_urls).ok == 'set' then return redis.call('SCARD', K.start_urls) end
-    return redis.call('LLEN', K.start_urls)
+    -- a list or no key answers LLEN; a set refuses it (WRONGTYPE) and answers SCARD
+    local n = redis.pcall('LLEN', K.start_urls)
+    if type(n) == 'table' and n.err then n = redis.pcall('SCARD', K.start_urls) end
+    if type(n) == 'table' and n.err then return 0 end -- a key of another type holds none
+    return n
 end

@@ -17,11 +17,13 @@ local Seeds = {}
 function Seeds.take(count, deadline, node)
     local seeds = {}
     if count <= 0 then return seeds, CODE.seeds_list end
-    local kind = redis.call('TYPE', K.start_urls).ok
-    local popped, tag
-    if kind == 'list' then popped, tag = redis.call('RPOP', K.start_urls, count), CODE.seeds_list
-    elseif kind == 'set' then popped, tag = redis.call('SPOP', K.start_urls, count), CODE.seeds_set
-    else return seeds, CODE.seeds_list end
+    -- a list, or no key, answers the RPOP (one command where TYPE then RPOP were two); a
+    -- set refuses it (WRONGTYPE) and answers SPOP; any other type refuses both
+    local popped, tag = redis.pcall('RPOP', K.start_urls, count), CODE.seeds_list
+    if type(popped) == 'table' and popped.err then
+        popped, tag = redis.pcall('SPOP', K.start_urls, count), CODE.seeds_set
+        if type(popped) == 'table' and popped.err then return seeds, CODE.seeds_list end
+    end
     if not popped or #popped == 0 then return seeds, tag end
     local args = {}
     local prefix = node .. '\n' .. tag
