@@ -140,6 +140,11 @@ def test_hostile_shop_costs_only_itself(
             hostile=True,
             hostile_ports=[services.redis_port, canary.port, closed_port],
             stall_seconds=120,
+            # Larger than DOWNLOAD_MAXSIZE (16 MiB) plus what the kernel may buffer between
+            # the shop and a node that is slow to read (tcp_rmem's 32 MiB here, tcp_wmem's
+            # 4 MiB): at 30 MB, a loaded node's socket took the whole page before the node
+            # read past its limit, so the shop counted it sent whole.
+            huge_bytes=64_000_000,
         )
         log = _redis_log(services)
         log_offset = log.stat().st_size
@@ -179,7 +184,8 @@ def test_hostile_shop_costs_only_itself(
         # Bounded memory.
         for index, sampler in enumerate(memory):
             assert 0 < sampler.hwm < PEAK_RSS_BOUND, f"node{index} peaked at {sampler.hwm} B"
-        # No huge page was read whole, no stall ran its course.
+        # No huge page was sent whole (what a node read stops at 16 MiB), no stall ran its
+        # course.
         assert shop_stats["hostile_completed"] == {}
 
         # The links to the three local ports, on every listing page fetched, refused as offsite.
