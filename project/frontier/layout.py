@@ -20,7 +20,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from project.frontier.site_queues import OLDER
+from project.frontier import lua
 from project.frontier.sites import site_of
 
 if TYPE_CHECKING:
@@ -90,12 +90,7 @@ async def _date_sites(server: Redis, keys: FrontierKeys) -> None:
         await server.zadd(keys.recent, batch, nx=True)
 
 
-_ADOPT_OLDER = """
-local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if head[2] and redis.call('ZADD', KEYS[1], 'NX', head[2], ARGV[1]) == 1 then
-    redis.call('HINCRBY', KEYS[3], ARGV[2], redis.call('ZCARD', KEYS[2]))
-end
-"""
+_ADOPT_OLDER = lua.load("adopt_older")
 
 
 async def _count_pushed(server: Redis, keys: FrontierKeys) -> None:
@@ -109,15 +104,8 @@ async def _count_pushed(server: Redis, keys: FrontierKeys) -> None:
             counted = await pipe.execute()
         fresh = [site for (site, leased), n in zip(batch, counted, strict=True) if n == leased]
         for site in fresh:  # a count made just now: maybe a site of the sorted-set layout
-            name = site.decode("utf-8", "surrogateescape")
             await server.eval(
-                _ADOPT_OLDER,
-                3,
-                keys.site_index(name),
-                keys.older_site_queue(name),
-                keys.site_counts,
-                OLDER,
-                site,
+                _ADOPT_OLDER.source, len(_ADOPT_OLDER.keys), *_ADOPT_OLDER.keys_from(keys), site
             )
         batch.clear()
 

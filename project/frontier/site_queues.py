@@ -3,8 +3,9 @@
 A site's requests wait in one list per priority, in arrival order, and the site's sorted set
 of those priorities scores each by its band (a list it holds may be empty until the next pop
 finds it so); an entry is the payload packed with its arrival; a site's size is the requests
-it has had queued less those leased (the header of lib/site_queues.lua). ``fleetcrawl status``, the admin commands, the
-tests and the benchmarks read them through these functions, never by key themselves.
+it has had queued less those leased (the header of lib/site_queues.lua). ``fleetcrawl
+status``, the admin commands, the tests and the benchmarks read them through these
+functions, never by key themselves.
 """
 
 from __future__ import annotations

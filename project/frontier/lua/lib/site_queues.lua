@@ -58,10 +58,16 @@ function sq.list_key(site, priority)
     return K.queue .. '|p' .. priority .. '|' .. site
 end
 
+-- The first score of a priority's band (an index member's): a request's is that plus its
+-- arrival.
+local function band_of(member)
+    return -tonumber(member) * PRIORITY_BAND
+end
+
 -- The score of a priority's list in a site's index (its band's last score: an older
 -- layout's request of the same priority, scored by its arrival, comes first).
 local function list_score(member)
-    return -tonumber(member) * PRIORITY_BAND + PRIORITY_BAND - 1
+    return band_of(member) + PRIORITY_BAND - 1
 end
 
 local function clamp_priority(priority)
@@ -143,11 +149,11 @@ function sq.adopt_older(site)
 end
 
 -- The score of the head of a site's priority list, or nil when the list is gone.
-local function list_head(site, member, openings)
+local function list_head(site, member)
     local head = redis.call('LINDEX', sq.list_key(site, member), 0)
     if not head then return nil end
-    local _, arrival = sq.unpack_entry(head, openings or sq.url_openings(site))
-    return -tonumber(member) * PRIORITY_BAND + arrival
+    local _, arrival = sq.unpack_entry(head, sq.url_openings(site))
+    return band_of(member) + arrival
 end
 
 -- The score of a site's best request, or nil when it has none; index members whose list
@@ -168,7 +174,6 @@ local function site_head(site, member)
         redis.call('ZREM', index, top[1])
     end
 end
-
 
 -- Up to n of the older layout's requests scored below `bound` (none: any), into out.
 function sq.pop_older(site, n, bound, out)
@@ -193,7 +198,7 @@ end
 -- Up to n of a priority list's requests, into out. A list that had fewer leaves the index;
 -- one that had exactly n stays in it, empty, until site_head or a pop finds it gone.
 function sq.pop_list(site, member, n, openings, out)
-    local band = -tonumber(member) * PRIORITY_BAND
+    local band = band_of(member)
     local popped = redis.call('LPOP', sq.list_key(site, member), n)
     if not popped then popped = {} end -- gone (emptied, or deleted by hand)
     for _, entry in ipairs(popped) do

@@ -4,6 +4,7 @@
   where they came from when the lease expires: lib/leases.lua).
 
   Keys: start_urls, inflight.
+  Needs lib/seeds.lua (refused).
   ARGV section: none.
   Options used: node, seed_want
   Seeds are taken from what the key is: a list (RPOP) or a set (SPOP: REDIS_START_URLS_AS_SET,
@@ -20,9 +21,9 @@ function Seeds.take(count, deadline, node)
     -- a list, or no key, answers the RPOP (one command where TYPE then RPOP were two); a
     -- set refuses it (WRONGTYPE) and answers SPOP; any other type refuses both
     local popped, tag = redis.pcall('RPOP', K.start_urls, count), CODE.seeds_list
-    if type(popped) == 'table' and popped.err then
+    if refused(popped) then
         popped, tag = redis.pcall('SPOP', K.start_urls, count), CODE.seeds_set
-        if type(popped) == 'table' and popped.err then return seeds, CODE.seeds_list end
+        if refused(popped) then return seeds, CODE.seeds_list end
     end
     if not popped or #popped == 0 then return seeds, tag end
     local args = {}
