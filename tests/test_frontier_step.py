@@ -15,7 +15,7 @@ from project.frontier import lua
 from project.frontier.admin import clear_frontier, retry_dead_letters
 from project.frontier.config import SiteLimits
 from project.frontier.keys import FrontierKeys, hash_tag
-from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.queue import Counts, LeasedQueue, StepBatch
 from project.frontier.site_queues import site_queue_size
 
 if TYPE_CHECKING:
@@ -821,6 +821,23 @@ def test_seeds_come_from_the_key_as_it_is_and_go_back_as_it_is_now(
             else await a.server.lrange(keys.start_urls, 0, -1)
         )
         assert set(members) == {b"http://s/1", b"http://s/2"}, "no seed lost either way"
+
+    run(redis_url, keys, scenario)
+
+
+def test_an_idle_nodes_count_reads_only_until_it_finds_work_left(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        assert (await b.step(StepBatch(count=True))).counts == Counts()
+        await a.step(StepBatch(enqueue=[entry(1), entry(2)]))
+        assert (await b.step(StepBatch(count=True))).counts == Counts(queued=2)
+        await a.step(StepBatch(want=2))
+        redis_client.lpush(keys.start_urls, b"http://s/3")
+        # nothing queued: the leases out are the work left, the seed is not read
+        assert (await b.step(StepBatch(count=True))).counts == Counts(inflight=2)
+        full = await b.step(StepBatch(maintain=True))
+        assert full.counts == Counts(queued=0, delayed=0, inflight=2, seeds=1, starting=0)
 
     run(redis_url, keys, scenario)
 

@@ -45,7 +45,7 @@ from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
 from project.frontier.config import SiteLimits
-from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.queue import Counts, LeasedQueue, StepBatch
 from project.frontier.seeds import MAX_PRIORITY, InvalidSeed, Seed, parse_seed
 from project.frontier.site_queues import queued_requests, sites_queued
 from project.frontier.sites import MAX_URL_LENGTH, site_of
@@ -778,6 +778,7 @@ class FrontierMachine(RuleBasedStateMachine):
         want=st.integers(0, 8),
         seed_want=st.integers(0, 3),
         maintain=st.booleans(),
+        count=st.booleans(),
     )
     def step(
         self,
@@ -814,7 +815,7 @@ class FrontierMachine(RuleBasedStateMachine):
             heartbeat=[member(node, m) for m in heartbeat],
             pauses=[(self._site(s), ms) for s, ms in pauses],
             latency=[(self._site(s), seconds, n) for s, seconds, n in latency],
-            **asked,  # want, seed_want, maintain
+            **asked,  # want, seed_want, maintain, count
         )
         self.sent.update({payload: s.encode() for _, s, _, payload, _ in batch.enqueue})
         self.sent.update({payload: s.encode() for _, _, s, payload in batch.retries})
@@ -920,14 +921,21 @@ class FrontierMachine(RuleBasedStateMachine):
             assert self.nodes[node].request_member(leased.site, leased.payload) in after.inflight
         for raw in result.seeds:
             assert self.nodes[node].seed_member(raw) in after.inflight
+        whole = Counts(
+            queued=after.queued,
+            delayed=len(after.delayed),
+            inflight=len(after.inflight),
+            seeds=len(after.start_urls),
+            starting=0,  # no node runs start() here
+        )
         if batch.maintain:
-            assert result.counts == (
-                after.queued,
-                len(after.delayed),
-                len(after.inflight),
-                len(after.start_urls),
-                0,  # no node runs start() here
-            )
+            assert result.counts == whole
+        elif batch.count:
+            # a count stops at the first above zero, in this order; the rest read 0
+            order = ["queued", "inflight", "delayed", "seeds", "starting"]
+            first = next((name for name in order if getattr(whole, name)), None)
+            expected = Counts(**({first: getattr(whole, first)} if first else {}))
+            assert result.counts == expected
         assert result.next_wake_ms is None or result.next_wake_ms >= 0
 
     @staticmethod

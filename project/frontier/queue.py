@@ -68,13 +68,15 @@ _SHARES_WIDTH = 3  # site, share, back
 
 
 class Counts(NamedTuple):
-    """The fleet's work, as a step counted it."""
+    """The fleet's work, as a step counted it. A count without maintenance stops at the
+    first above zero (queued, inflight, delayed, seeds, starting: lib/crawl.lua's
+    fleet_counts), the rest left 0: enough to tell whether any work is left."""
 
-    queued: int
-    delayed: int
-    inflight: int
-    seeds: int
-    starting: int  # 1 while a node runs start()
+    queued: int = 0
+    delayed: int = 0
+    inflight: int = 0
+    seeds: int = 0
+    starting: int = 0  # 1 while a node runs start()
 
 
 @dataclass
@@ -109,7 +111,8 @@ class StepBatch:
     slots: int | None = None
     seed_want: int = 0
     maintain: bool = False
-    #: Return the counts without maintenance (an idle node looking for the end).
+    #: Return the counts without maintenance (an idle node looking for the end), up to the
+    #: first above zero (:class:`Counts`).
     count: bool = False
     #: START_EXTEND: extend this node's claim on start(); START_END: end it (lua/step/start.lua)
     start: str | None = None

@@ -42,7 +42,8 @@
                seed_want       seeds to take
                maintain        true: run maintenance and return the counts
                count           true: return the counts without maintenance (an idle node
-                               looking for the end of the crawl)
+                               looking for the end of the crawl), up to the first above
+                               zero (lib/crawl.lua's fleet_counts)
                max_deliveries  an entry whose lease expired this often is a dead letter
                limits          {rate, concurrency, burst_seconds, adaptive,
                                target_concurrency, min_rate, start_rate}: the defaults
@@ -85,9 +86,10 @@
     seeds_kind    CODE.seeds_list when the seeds came from a list, CODE.seeds_set from a
                   set (their in-flight members)
     start_held    1 if this node still holds the start claim it asked to extend or end
-    counts        {queued, n, delayed, n, inflight, n, seeds, n, starting, n} (name/value
+    counts        {queued, n, inflight, n, delayed, n, seeds, n, starting, n} (name/value
                   pairs; starting: 1 while a node runs start()), and seen, n for a Bloom
-                  seen-set, with maintain or count, else {}
+                  seen-set, with maintain or count (only up to the first above zero
+                  without maintain), else {}
     wait_ms       milliseconds until the next throttled site may go, or nil
 ]]
 --@include lib/time.lua
@@ -143,10 +145,7 @@ local start_held = StartClaim.run(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
 if opt.maintain or opt.count then
-    counts = {'queued', tonumber(redis.call('GET', K.queued) or 0),
-              'delayed', redis.call('ZCARD', K.delayed),
-              'inflight', redis.call('ZCARD', K.inflight),
-              'seeds', seed_count(), 'starting', start_running()}
+    counts = fleet_counts(opt.maintain)
     if opt.seen and opt.seen.mode == 'bloom' then -- how full it is (lib/seen.lua counts)
         counts[#counts + 1] = 'seen'
         counts[#counts + 1] = tonumber(redis.call('GET', K.dupefilter .. ':n') or 0)
