@@ -114,3 +114,23 @@ def test_failures_list_prints_no_terminal_escapes(redis_url, redis_client, keysp
     newest, undecodable, hostile = json.loads(as_json.stdout)
     assert hostile["error"] == HOSTILE, "--json keeps the whole value, escaped"
     assert undecodable["error"] == newest["error"] == "not a dead-letter record"
+
+
+def test_clear_deletes_a_frontier_and_refuses_while_nodes_crawl(
+    redis_url: str, redis_client, keyspace, keys
+) -> None:
+    """``fleetcrawl clear SPIDER``: the frontier goes, node records stay; refused (exit 1,
+    nothing deleted) while a node's presence has not expired."""
+    redis_client.sadd(keys.dupefilter, b"fp")
+    redis_client.lpush(keys.start_urls, b"http://shop.test/")
+    seconds, _ = redis_client.time()
+    redis_client.zadd(keys.alive, {b"node-a": (int(seconds) + 60) * 1000})
+    refused = fleetcrawl(redis_url, keyspace, "clear", "products")
+    assert refused.returncode == 1
+    assert "1 nodes still crawl products: stop them first" in refused.stderr
+    assert redis_client.scard(keys.dupefilter) == 1
+    redis_client.zadd(keys.alive, {b"node-a": (int(seconds) - 60) * 1000})  # expired
+    cleared = fleetcrawl(redis_url, keyspace, "clear", "products")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "keys of products's frontier" in cleared.stdout
+    assert not redis_client.exists(keys.dupefilter, keys.start_urls)

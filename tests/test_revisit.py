@@ -15,18 +15,20 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
+from project.frontier.clock import FleetClock
 from project.frontier.dupefilter import FleetDupeFilter
 from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
-from project.frontier.queue import LeasedQueue, StepBatch
+from project.frontier.queue import Counts, LeasedQueue, StepBatch
 from project.frontier.revisit import (
     NotModified,
     RevisitConfig,
     RevisitMiddleware,
+    gone_refs,
     parse_duration,
     revisit_entries,
     touch_items,
 )
-from project.frontier.signals import seen_set_opened
+from project.frontier.signals import items_gone, seen_set_opened
 from project.storage.placement import PlacedItem
 from project.storage.store import MongoStore
 from project.storage.writes import field_changes
@@ -181,6 +183,123 @@ def test_maintenance_hands_out_due_revisits_and_drops_garbage_records(
     run(redis_url, keys, scenario)
 
 
+def test_the_sweep_queues_the_due_pages_this_run_has_not_seen_and_only_those(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """Before a run ends, its idle nodes queue the due pages it neither rediscovered, nor
+    seeded, nor fetched; each once, with its record; a bounded scan says when more are left."""
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        redis_client.hset(keys.runs, "id", "run-1")
+        await a.step(StepBatch(enqueue=[_entry(n) for n in range(1, 5)]))
+        leased = (await a.step(StepBatch(want=4))).leased
+        await a.step(StepBatch(acks=[a.request_member(x.site, x.payload) for x in leased],
+                               revisits=[_record(n, 1, {"items": [["p", f"{n}"]]})
+                                         for n in range(1, 5)]))  # fmt: skip
+        redis_client.hset(keys.runs, "id", "run-2")
+        await asyncio_sleep(0.01)
+        # run 2 rediscovers page 1 and is seeded with page 2
+        step = await a.step(StepBatch(enqueue=[_entry(1), _entry(2, b"s")]))
+        assert (step.rediscovered, step.added) == (1, 2)
+        # while anything is queued or leased, the sweep waits: it could still be rediscovered
+        assert (await a.step(StepBatch(count=True, sweep=10))).handed_out == 0
+        queued = [json.loads(x.payload) for x in (await a.step(StepBatch(want=10))).leased]
+        assert (await a.step(StepBatch(count=True, sweep=10))).handed_out == 0
+        await a.step(StepBatch(acks=list(redis_client.zrange(keys.inflight, 0, -1))))
+        swept = await a.step(StepBatch(count=True, sweep=10))
+        assert swept.handed_out == 2  # pages 3 and 4
+        assert swept.counts is not None
+        assert swept.counts.revisits == 2  # queued: not over
+        # the run's four pages, each queued once: rediscovered, seeded, swept
+        queued += [json.loads(x.payload) for x in (await a.step(StepBatch(want=10))).leased]
+        assert sorted(x["url"] for x in queued) == [f"http://s/{n}" for n in range(1, 5)]
+        assert [x["revisit"]["items"] for x in queued if x["url"] in ("http://s/3", "http://s/4")]
+        await a.step(StepBatch(acks=list(redis_client.zrange(keys.inflight, 0, -1))))
+        assert (await a.step(StepBatch(count=True, sweep=10))).counts == Counts()  # over
+        # a scan that found only pages of this run, as many as it may look at: not over yet
+        await asyncio_sleep(0.01)
+        bounded = await a.step(StepBatch(count=True, sweep=1))
+        assert bounded.handed_out == 0
+        assert bounded.counts == Counts(revisits=1)
+        # no crawl run: no sweep
+        redis_client.hdel(keys.runs, "id")
+        assert (await a.step(StepBatch(count=True, sweep=10))).counts == Counts()
+
+    run(redis_url, keys, scenario)
+
+
+def _fetched(status: int | None, yielded: list[list[str]], **out: Any) -> Request:
+    """A request whose page gave items a, b and c last time, fetched now as given."""
+    last = {"h": "x", "items": [["p", "a"], ["p", "b"], ["q", "c"]]}
+    record = {"h": "y", "i": 1000, "items": yielded}
+    meta = {REVISIT_META_KEY: last, REVISIT_OUT_META_KEY: {"fp": b"f", "interval": 1.0,
+                                                          "record": record, **out}}  # fmt: skip
+    if status is not None:
+        meta[REVISIT_OUT_META_KEY]["status"] = status
+    return Request("http://s/p/1", meta=meta)
+
+
+@pytest.mark.parametrize(
+    ("status", "yielded", "out", "gone"),
+    [
+        # a page parsed whole that no longer yields b and c
+        (200, [["p", "a"]], {"parsed": True}, [("p", "b"), ("q", "c")]),
+        (203, [["p", "a"], ["p", "b"], ["q", "c"]], {"parsed": True}, []),
+        # the page is gone: all it gave
+        (404, [], {}, [("p", "a"), ("p", "b"), ("q", "c")]),
+        (410, [], {}, [("p", "a"), ("p", "b"), ("q", "c")]),
+        # no evidence: a callback that raised, an item dropped or not named, an error, a 304
+        (200, [["p", "a"]], {}, []),
+        (200, [["p", "a"]], {"parsed": True, "unsure": True}, []),
+        (503, [], {"parsed": True}, []),
+        (500, [], {}, []),
+        (None, [], {"parsed": True}, []),
+        (302, [], {"parsed": True}, []),
+    ],
+)
+def test_an_item_is_gone_only_on_evidence_from_its_page(
+    status: int | None, yielded: list[list[str]], out: dict[str, Any], gone: list[Any]
+) -> None:
+    assert gone_refs(_fetched(status, yielded, **out)) == gone
+
+
+def test_no_last_record_or_a_garbage_one_is_no_evidence() -> None:
+    request = Request("http://s/p/1", meta={REVISIT_OUT_META_KEY: {"status": 404, "record": {}}})
+    assert gone_refs(request) == []
+    for last in ({"items": "all"}, {"items": [[1, 2], "x", ["a"]]}, "text", None):
+        meta = {REVISIT_META_KEY: last, REVISIT_OUT_META_KEY: {"status": 404, "record": {}}}
+        assert gone_refs(Request("http://s/p/1", meta=meta)) == []
+
+
+def test_a_page_whose_item_was_dropped_or_that_raised_tells_nothing_gone() -> None:
+    """The middleware hears Scrapy's signals: an item dropped, an item error, a callback error."""
+    middleware, crawler = _middleware()
+    for signal in (signals.item_dropped, signals.item_error, signals.spider_error):
+        request = _fetched(200, [], parsed=True)
+        response = HtmlResponse(request.url, body=b"", request=request)
+        assert gone_refs(request) != []
+        crawler.signals.send_catch_log(signal, item={}, response=response, spider=crawler.spider,
+                                       exception=ValueError("x"), failure=None)  # fmt: skip
+        assert gone_refs(request) == [], signal
+    del middleware
+
+
+def test_the_fleet_clock_keeps_the_offset_of_its_shortest_recent_round_trip() -> None:
+    clock = FleetClock()
+    assert not clock.synced
+    clock.observe(1_000_000_500, 1_000_000.0, 1_000_000.2)  # Redis 0.4 s ahead, a 200 ms trip
+    assert abs(clock.offset - 0.4) < 1e-6
+    clock.observe(1_000_001_000, 1_000_000.5, 1_000_000.52)  # a 20 ms trip: better
+    assert abs(clock.offset - 0.49) < 1e-6
+    clock.observe(1_000_009_000, 1_000_001.0, 1_000_001.5)  # a slower trip does not replace it
+    assert abs(clock.offset - 0.49) < 1e-6
+    clock.observe(1_000_100_000, 1_000_100.0, 1_000_100.5)  # a minute later, any sample does
+    assert abs(clock.offset - -0.25) < 1e-6
+    clock.observe(None, 1.0, 2.0)  # a reply without Redis' time changes nothing
+    clock.observe(5, 2.0, 1.0)
+    assert abs(clock.offset - -0.25) < 1e-6
+
+
 async def asyncio_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
@@ -317,6 +436,43 @@ def test_items_the_frontier_names_still_there_are_touched_by_the_store(
     assert stats.get_value("mongo/touched") == 1
     assert after is not None
     assert after["last_seen"].replace(tzinfo=UTC) > datetime(2020, 1, 2, tzinfo=UTC)
+
+
+def test_the_store_marks_gone_only_what_was_not_seen_since_and_records_each_once(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    """items_gone reaches the store: gone_at and one change for an item last seen before the
+    evidence; an item seen after it, one gone already, a replay or an unknown id: nothing."""
+    one, two = "http://shop.test/product/1", "http://shop.test/product/2"
+
+    async def run() -> Any:
+        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
+            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
+        store = MongoStore.from_crawler(crawler)
+        await store.open()
+        await store.save_product(make_product(1), seen=1_000_000.0)
+        await store.save_product(make_product(2), seen=3_000_000.0)  # seen after the evidence
+        await store.gone([("products", one), ("products", two), ("products", "nope")],
+                         at=2_000_000.0)  # fmt: skip
+        await store.gone([("products", one)], at=2_500_000.0)  # gone already: a replay
+        crawler.signals.send_catch_log(items_gone, refs=[("products", two)])  # now: later
+        deadline = time.monotonic() + 10
+        while crawler.stats.get_value("mongo/gone_evidence", 0) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await store.close()
+        return crawler.stats
+
+    stats = asyncio.run(run())
+    first, second = mongo.products.find_one({"_id": one}), mongo.products.find_one({"_id": two})
+    assert first is not None
+    assert second is not None
+    assert first["gone_at"].replace(tzinfo=UTC) == datetime.fromtimestamp(2_000_000, UTC)
+    # not by the evidence older than its sighting; by the signal's, at the store's clock (now)
+    assert second["gone_at"].replace(tzinfo=UTC) > datetime.fromtimestamp(3_000_000, UTC)
+    changes = list(mongo.changes.find({"field": "gone_at"}))
+    assert sorted(c["item_id"] for c in changes) == [one, two]
+    assert stats.get_value("mongo/gone") == 2
+    assert stats.get_value("mongo/gone_evidence") == 5
 
 
 # -- change history --------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from project.frontier.claim import StartClaim
+from project.frontier.clock import FleetClock
 from project.frontier.codes import START_END
 from project.frontier.ending import CrawlEnd
 from project.frontier.engine import requests_in_progress, wake_engine
@@ -21,7 +22,7 @@ from project.frontier.outage import RedisOutage
 from project.frontier.outcomes import count_step, settle_request
 from project.frontier.queue import StepBatch
 from project.frontier.rejects import log_duplicates, log_poisoned
-from project.frontier.revisit import touch_items
+from project.frontier.revisit import RevisitConfig, touch_items
 from project.frontier.seen import BloomFill
 from project.frontier.settlements import SettlementQueue
 from project.frontier.sites import SiteResolver, site_of
@@ -81,6 +82,12 @@ class FrontierLoop:
         self.handover = Handover(crawler, spider, config, queue, self.ledger, self.settlements)
         self.claim = StartClaim(self.stats, spider)
         self.end = CrawlEnd(config.idle_grace, config.keep_alive, spider)
+        #: Redis' time, for what the fleet compares (the item store stamps items by it)
+        self.clock = FleetClock()
+        revisits = RevisitConfig.from_settings(crawler.settings)
+        #: Count steps sweep due revisits the run did not see (a keep-alive fleet hands them
+        #: out anyway).
+        self._sweep = bool(revisits.rules and revisits.sweep and not config.keep_alive)
         self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []
         self._latency: dict[str, list[float]] = {}
         self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
@@ -339,7 +346,9 @@ class FrontierLoop:
         now = time.monotonic()
         batch, settled = await self._build(now, closing)
         sent_at = time.monotonic()  # the holder deadline the step sets counts from about here
+        wall_sent = time.time()
         result = await self.queue.step(batch)
+        self.clock.observe(result.now_ms, wall_sent, time.time())
         self._last_step = sent_at
         self.stats.inc_value("frontier/round_trips")
         moved = self._apply(now, batch, settled, result)
@@ -378,6 +387,8 @@ class FrontierLoop:
             and settled == len(self.settlements)
             and self.claim.state is None
         )
+        if batch.count and self._sweep:
+            batch.sweep = _REVISITS_PER_MAINTENANCE
         batch.list_dupes = bool(batch.enqueue) and (
             config.dupefilter_debug or not self._dupe_logged
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from project.frontier.meta import REVISIT_META_KEY
 from project.frontier.rejects import dead_record
-from project.frontier.revisit import revisit_entries, touch_items
+from project.frontier.revisit import mark_gone, revisit_entries, touch_items
 from project.frontier.wire import encode_request
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ def settle_request(
         settlements.add(ack=lease.member)
         for revisit in revisit_entries(request, lease.site, lease.payload):
             settlements.add(revisit=revisit)
+        mark_gone(crawler, request)
         return
     if outcome["action"] == "retry":
         try:

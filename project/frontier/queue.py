@@ -59,6 +59,7 @@ REPLY: Final = (
     "start_held",
     "counts",
     "wait_ms",
+    "now",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -77,6 +78,7 @@ class Counts(NamedTuple):
     inflight: int = 0
     seeds: int = 0
     starting: int = 0  # 1 while a node runs start()
+    revisits: int = 0  # what the sweep queued, +1 when due ones are left (StepBatch.sweep)
 
 
 @dataclass
@@ -120,6 +122,10 @@ class StepBatch:
     list_dupes: bool = False
     #: With maintenance, hand out up to this many due revisits (FRONTIER_KEEP_ALIVE).
     revisit_due: int = 0
+    #: With a count that finds the fleet with nothing left, queue up to this many due
+    #: revisits of URLs the crawl run has not seen (FRONTIER_REVISIT_SWEEP: a page no longer
+    #: linked is fetched once more).
+    sweep: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,8 @@ class StepResult:
     rejoined: bool = False
     #: URLs a Bloom seen-set holds, with the counts (None otherwise).
     seen_count: int | None = None
+    #: Redis' time of the step, ms (project/frontier/clock.py).
+    now_ms: int | None = None
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -255,6 +263,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["runs"] = True
         if batch.revisit_due:
             options["revisit"] = batch.revisit_due
+        if batch.sweep:
+            options["sweep"] = batch.sweep
         return json.dumps(options, separators=(",", ":")).encode()
 
     async def step(self, batch: StepBatch) -> StepResult:
@@ -351,4 +361,5 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         handed_out=int(reply["handed_out"]),
         still_linked=list(reply["still_linked"]),
         rejoined=bool(reply["rejoined"]),
+        now_ms=int(reply["now"]),
     )

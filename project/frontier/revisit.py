@@ -30,7 +30,12 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from project.config import read_settings, setting
 from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
-from project.frontier.signals import item_stored_ref, items_still_there, seen_set_opened
+from project.frontier.signals import (
+    item_stored_ref,
+    items_gone,
+    items_still_there,
+    seen_set_opened,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -49,6 +54,8 @@ __all__ = [
     "RevisitConfig",
     "RevisitLinksMiddleware",
     "RevisitMiddleware",
+    "gone_refs",
+    "mark_gone",
     "parse_duration",
     "revisit_entries",
     "touch_items",
@@ -99,6 +106,9 @@ class RevisitConfig:
     adaptive: bool = setting("FRONTIER_REVISIT_ADAPTIVE", False)
     min_interval: str = setting("FRONTIER_REVISIT_MIN", _MIN_INTERVAL)
     max_interval: str = setting("FRONTIER_REVISIT_MAX", _MAX_INTERVAL)
+    #: Before a crawl run ends, fetch the due pages it did not rediscover (a page no longer
+    #: linked answers 404 or no longer yields its items: they are gone).
+    sweep: bool = setting("FRONTIER_REVISIT_SWEEP", True)
     rules: tuple[tuple[re.Pattern[str] | str, float], ...] = field(default=())
     #: min_interval and max_interval in seconds
     bounds: tuple[float, float] = (
@@ -217,6 +227,34 @@ def touch_items(crawler: Crawler, records: list[bytes]) -> None:
         crawler.signals.send_catch_log(items_still_there, refs=refs)
 
 
+def gone_refs(request: Request) -> list[tuple[str, str]]:
+    """Items of the page's last fetch that this fetch shows gone: all of them when it answered
+    404 or 410; those it no longer yielded when it answered 2xx and was parsed to its end with
+    every item it yielded stored and named. Anything else (a 304, an error, a retry, a parse
+    that raised, an item dropped or not named) is no evidence: none."""
+    out, last = request.meta.get(REVISIT_OUT_META_KEY), _record(request)
+    if not isinstance(out, dict) or last is None:
+        return []
+    old = _refs(last.get("items"))
+    status = out.get("status")
+    if not old or not isinstance(status, int):
+        return []
+    if status in _FORGET_STATUSES:
+        return old
+    if not (200 <= status < 300 and out.get("parsed")) or out.get("unsure"):
+        return []
+    yielded = set(_refs(out["record"].get("items")))
+    return [ref for ref in old if ref not in yielded]
+
+
+def mark_gone(crawler: Crawler, request: Request) -> int:
+    """Tell the store which items of *request*'s page are gone (:func:`gone_refs`)."""
+    refs = gone_refs(request)
+    if refs:
+        crawler.signals.send_catch_log(items_gone, refs=refs)
+    return len(refs)
+
+
 def revisit_entries(request: Request, site: str, payload: bytes) -> list[tuple[bytes, int, bytes]]:
     """The revisit section entries (lua/step/revisit.lua) of a fetched request: its own, and
     the first URL of its redirects' (fetched again next time, that one leads here again)."""
@@ -261,12 +299,20 @@ class RevisitLinksMiddleware:
             out["record"].pop("etag", None)
             out["record"].pop("lm", None)
 
+    @staticmethod
+    def _parsed(response: Response) -> None:
+        """The callback ran to its end: what the page yielded is all it has (gone_refs)."""
+        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
+        if isinstance(out, dict):
+            out["parsed"] = True
+
     def process_spider_output(
         self, response: Response, result: Iterable[Any], spider: Spider | None = None
     ) -> Iterable[Any]:
         for output in result:
             self._saw(response, output)
             yield output
+        self._parsed(response)
 
     async def process_spider_output_async(
         self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
@@ -274,6 +320,7 @@ class RevisitLinksMiddleware:
         async for output in result:
             self._saw(response, output)
             yield output
+        self._parsed(response)
 
 
 class RevisitMiddleware:
@@ -290,6 +337,11 @@ class RevisitMiddleware:
         #: The scheduler's seen-set, once it opened one: revisits are keyed by its members.
         self._seen_set: FleetDupeFilter | None = None
         crawler.signals.connect(self._item_scraped, signal=signals.item_scraped)
+        # an item of the page dropped or failed, or its callback raised: the page's items are
+        # not all known, so its fetch is no evidence that any is gone
+        crawler.signals.connect(self._unsure, signal=signals.item_dropped)
+        crawler.signals.connect(self._unsure, signal=signals.item_error)
+        crawler.signals.connect(self._unsure, signal=signals.spider_error)
         crawler.signals.connect(self._seen_set_opened, signal=seen_set_opened)
 
     @classmethod
@@ -352,7 +404,8 @@ class RevisitMiddleware:
         if ok:
             # validators go only with a page that led nowhere else (RevisitLinksMiddleware)
             record.update(self._validators(response, {}))
-        out: dict[str, Any] = {"fp": fingerprint, "interval": interval, "record": record}
+        out: dict[str, Any] = {"fp": fingerprint, "interval": interval, "record": record,
+                               "status": response.status}  # fmt: skip
         if also and also[0] != fingerprint:
             out["also"] = [also]
         request.meta[REVISIT_OUT_META_KEY] = out
@@ -400,15 +453,23 @@ class RevisitMiddleware:
             return  # no store: the page's record keeps what it had
         ref = next((a for _, a in answers if isinstance(a, tuple)), None)
         record = out["record"]
-        if ref is None or len(ref[1]) > _MAX_REF or len(ref[0]) > _MAX_REF:
-            # an item it cannot name (a later pipeline made another object, an id too long):
-            # no validators, so the next fetch parses the page and stores the item again
+        if (
+            ref is None
+            or len(ref[1]) > _MAX_REF
+            or len(ref[0]) > _MAX_REF
+            or len(record["items"]) >= _MAX_ITEMS
+        ):
+            # an item it cannot name (a later pipeline made another object, an id too long,
+            # too many): no validators, so the next fetch parses the page and stores the item
+            # again; and the record's items are not all the page's (no evidence of gone)
             record.pop("etag", None)
             record.pop("lm", None)
-            return
-        if len(record["items"]) >= _MAX_ITEMS:
-            # too many to name: no validators, so the next fetch parses the page again
-            record.pop("etag", None)
-            record.pop("lm", None)
+            out["unsure"] = True
             return
         record["items"].append(list(ref))
+
+    def _unsure(self, response: Response | None = None, **_: Any) -> None:
+        request = getattr(response, "request", None)
+        out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
+        if isinstance(out, dict):
+            out["unsure"] = True

@@ -7,7 +7,13 @@ the scheduler's seen-set, and the item store (``project/storage/store.py`` conne
 
 from __future__ import annotations
 
-__all__ = ["frontier_started", "item_stored_ref", "items_still_there", "seen_set_opened"]
+__all__ = [
+    "frontier_started",
+    "item_stored_ref",
+    "items_gone",
+    "items_still_there",
+    "seen_set_opened",
+]
 
 #: The fleet scheduler's frontier loop started: ``loop``, the FrontierLoop (the permit gate
 #: asks it before a leased request goes on the wire), and ``keys``, the spider's FrontierKeys
@@ -22,6 +28,11 @@ seen_set_opened = object()
 #: but not due): ``refs``, their (collection, _id) pairs. A receiver moves their
 #: ``last_seen`` in the background; it does not block the sender.
 items_still_there = object()
+
+#: Items a page no longer has, on evidence about them (project/frontier/revisit.py's
+#: ``gone_refs``: the page answered 404 or 410, or was parsed whole without them): ``refs``,
+#: their (collection, _id) pairs. A receiver marks them gone in the background.
+items_gone = object()
 
 #: Sent once an item was scraped, with ``item``: a receiver that stored it returns the
 #: (collection, _id) it is stored under, or None when it cannot name it.

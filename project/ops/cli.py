@@ -1,5 +1,5 @@
-"""The ``fleetcrawl`` command: services, status, dashboard, failures, changes, runs, seen-set,
-the store's outbox, scrapyd nodes."""
+"""The ``fleetcrawl`` command: services, status, dashboard, failures, clear, changes, runs,
+seen-set, the store's outbox, scrapyd nodes."""
 
 from __future__ import annotations
 
@@ -122,6 +122,30 @@ def _failures(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clear(args: argparse.Namespace) -> int:
+    """Delete a spider's frontier (project/frontier/admin.py), unless nodes hold its crawl."""
+    from project.frontier.admin import clear_frontier
+
+    settings = project_settings(args)
+    target = redis_target(settings)
+    client, keys = redis_client(target), frontier_keys(settings, args.spider)
+    with redis_errors(target):
+        seconds, micros = client.time()  # type: ignore[misc]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        holding = {
+            member
+            for key in (keys.alive, keys.holders)
+            for member in client.zrangebyscore(key, f"({now_ms}", "+inf")  # type: ignore[union-attr]
+        }
+        if holding:
+            raise CommandError(
+                f"{len(holding)} nodes still crawl {args.spider}: stop them first (their"
+                " presence expires a lease time after they stop)"
+            )
+        print(f"deleted {clear_frontier(client, keys)} keys of {args.spider}'s frontier")
+    return 0
+
+
 def _services(args: argparse.Namespace) -> int:
     return services_cli.main(args.rest)
 
@@ -157,7 +181,12 @@ def _parser() -> argparse.ArgumentParser:
     failures.add_argument("--limit", type=positive_int, default=100)
     failures.add_argument("--json", action="store_true")
     failures.set_defaults(func=_failures)
-    for command in (status, dashboard, failures):
+    clear = sub.add_parser(
+        "clear", help="delete a spider's frontier (queues, seen-set, revisits) to start afresh"
+    )
+    clear.add_argument("spider")
+    clear.set_defaults(func=_clear)
+    for command in (status, dashboard, failures, clear):
         _setting_option(command)
     recurring.register(sub, _setting_option)
     store.register(sub, _setting_option)

@@ -1,7 +1,7 @@
 """The report of a finished crawl run: stored in MongoDB, printed, compared, alerted on.
 
-The node that ends a run (project/runs/tracker.py) marks the spider's items that the run did
-not see as gone, counts what is stored, writes the report into ``MONGO_RUNS_COLLECTION``
+The node that ends a run (project/runs/tracker.py) counts what is stored (and what its
+nodes marked gone: only items whose page said so, project/frontier/revisit.py), writes the report into ``MONGO_RUNS_COLLECTION``
 (``crawl_runs``) and compares it with the spider's previous run. A threshold it fails
 (``RUNS_MAX_ITEM_DROP``, ``RUNS_MAX_COVERAGE_DROP``, ``RUNS_MAX_ERROR_RATE``) is an ERROR and,
 with ``RUNS_WEBHOOK_URL``, a JSON POST there.
@@ -9,7 +9,6 @@ with ``RUNS_WEBHOOK_URL``, a JSON POST there.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 from redis.exceptions import RedisError
 
 from project.config import read_settings, setting
@@ -47,7 +46,6 @@ class RunsConfig:
     """RUNS_*: crawl runs, their report and its alerts."""
 
     enabled: bool = setting("RUNS_ENABLED", True)
-    mark_gone: bool = setting("RUNS_MARK_GONE", True)
     max_item_drop: float = setting("RUNS_MAX_ITEM_DROP", 0.2)
     max_coverage_drop: float = setting("RUNS_MAX_COVERAGE_DROP", 0.2)
     max_error_rate: float = setting("RUNS_MAX_ERROR_RATE", 0.1)
@@ -101,36 +99,6 @@ async def _item_collections(database: AsyncDatabase[_Document], config: MongoCon
     return names
 
 
-async def _mark_gone(
-    database: AsyncDatabase[_Document], config: MongoConfig, name: str, run_id: str,
-    started: datetime, ended: datetime,
-) -> int:  # fmt: skip
-    """Items of the spider the run did not see: ``gone_at``, and a change each."""
-    collection = database[name]
-    query = {"source_spider": config.spider, "last_seen": {"$lt": started},
-             "gone_at": {"$exists": False}}  # fmt: skip
-    keys = [doc["_id"] async for doc in collection.find(query, {"_id": 1})]
-    marked = 0
-    for start in range(0, len(keys), _IDS_PER_UPDATE):
-        chunk = keys[start : start + _IDS_PER_UPDATE]
-        # the query again: an item a node saw meanwhile (a keep-alive fleet's next run) stays
-        await collection.update_many({**query, "_id": {"$in": chunk}}, {"$set": {"gone_at": ended}})
-        chunk = [doc["_id"] async for doc in collection.find(
-            {"_id": {"$in": chunk}, "gone_at": ended}, {"_id": 1})]  # fmt: skip
-        marked += len(chunk)
-        changes = [
-            {"_id": f"{key}|gone_at|{run_id}|{name}", "item_id": key, "collection": name,
-             "field": "gone_at", "old": None, "new": ended, "at": ended, "crawl_id": run_id,
-             "spider": config.spider}
-            for key in chunk
-        ]  # fmt: skip
-        if changes:
-            # an earlier attempt at this report may have recorded some (duplicate _id)
-            with contextlib.suppress(BulkWriteError):
-                await database[config.changes_collection].insert_many(changes, ordered=False)
-    return marked
-
-
 def _compare(report: _Document, previous: _Document | None, config: RunsConfig) -> list[str]:
     """The thresholds this run fails."""
     alerts = []
@@ -159,14 +127,12 @@ def _compare(report: _Document, previous: _Document | None, config: RunsConfig) 
 
 async def finish_run(
     settings: BaseSettings, spider: str, run_id: str, started: float, ended: float,
-    nodes: dict[str, dict[str, Any]], config: RunsConfig, *, whole: bool = True,
-    outbox: Outbox | None = None,
+    nodes: dict[str, dict[str, Any]], config: RunsConfig, *, outbox: Outbox | None = None,
 ) -> _Document | None:  # fmt: skip
-    """Mark what is gone, store and print the run's report, alert on failed thresholds.
+    """Store and print the run's report, alert on failed thresholds.
 
-    *whole*: the run could fetch every page again (see RunTracker): only then are the items it
-    did not see gone. MongoDB away, the report of the nodes' counters waits in the fleet's
-    *outbox* like the items (project/storage/outbox.py): stored once a node drains it.
+    MongoDB away, the report of the nodes' counters waits in the fleet's *outbox* like the
+    items (project/storage/outbox.py): stored once a node drains it.
     """
     counts = _summed(nodes)
     pages = _total(counts, "downloader/response_count")
@@ -183,15 +149,8 @@ async def finish_run(
         start_at = datetime.fromtimestamp(started, UTC)
         end_at = datetime.fromtimestamp(ended, UTC)
         collections = await _item_collections(database, mongo)
-        gone = 0
-        # A whole crawl: it began from the seeds (a keep-alive fleet's run of due revisits
-        # fetches only those), and no item waits in a journal (not in MongoDB yet)
-        seeded = _total(counts, "frontier/seeds/accepted", "frontier/start/requests") > 0
-        waited = _total(counts, "mongo/journaled", "mongo/outboxed", "mongo/not_stored")
-        complete = whole and seeded and not waited
-        if config.mark_gone and complete:
-            for name in collections:
-                gone += await _mark_gone(database, mongo, name, run_id, start_at, end_at)
+        # marked by the nodes as their pages said so (project/frontier/revisit.py, gone_refs)
+        gone = _total(counts, "mongo/gone")
         stored = 0
         for name in collections:
             stored += await database[name].count_documents(
@@ -213,11 +172,11 @@ async def finish_run(
                       "unchanged": _total(counts, "mongo/unchanged"),
                       "touched": _total(counts, "mongo/touched"),
                       "gone": gone, "stored": stored},
-            "changes": _total(counts, "mongo/changes") + gone,
+            "changes": _total(counts, "mongo/changes"),
             "rejects": _total(counts, "validation/dropped", "mongo/rejected"),
             "dead_letters": _total(counts, "frontier/dead"),
             "errors": errors, "error_rate": round(errors / requests, 4),
-            "coverage": _coverage(counts), "gone_marked": config.mark_gone and complete,
+            "coverage": _coverage(counts), "gone_marked": mongo.mark_gone,
         }  # fmt: skip
         previous = await database[mongo.runs_collection].find_one(
             {"spider": spider, "_id": {"$ne": run_id}}, sort=[("ended", -1)]
@@ -254,7 +213,7 @@ async def _report_later(
 ) -> _Document | None:  # fmt: skip
     """MongoDB away as the run ends: the nodes' counters as its report, in the outbox.
 
-    Nothing is marked gone (what is stored cannot be read), ``items.stored`` is None.
+    ``items.stored`` is None (what is stored cannot be read).
     """
     counts = _summed(nodes)
     report: _Document = {
@@ -265,10 +224,11 @@ async def _report_later(
         "items": {"inserted": _total(counts, "mongo/inserted"),
                   "updated": _total(counts, "mongo/updated"),
                   "waited": _total(counts, "mongo/journaled", "mongo/outboxed"),
-                  "not_stored": _total(counts, "mongo/not_stored"), "gone": 0, "stored": None},
+                  "not_stored": _total(counts, "mongo/not_stored"),
+                  "gone": _total(counts, "mongo/gone"), "stored": None},
         "rejects": _total(counts, "validation/dropped", "mongo/rejected"),
         "dead_letters": _total(counts, "frontier/dead"), "coverage": _coverage(counts),
-        "gone_marked": False, "written_later": True,
+        "gone_marked": mongo.mark_gone, "written_later": True,
         "note": f"MongoDB was away when the run ended ({exc}): the nodes' counters only",
     }  # fmt: skip
     if outbox is None:
@@ -284,7 +244,7 @@ async def _report_later(
         return None
     logger.warning(
         "MongoDB is away (%s): the report of crawl run %s waits in the outbox %s, and is"
-        " stored once a node or `fleetcrawl store drain` writes it; nothing was marked gone",
+        " stored once a node or `fleetcrawl store drain` writes it",
         exc, run_id, outbox.key,
     )  # fmt: skip
     return report

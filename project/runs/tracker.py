@@ -27,7 +27,6 @@ from scrapy.exceptions import NotConfigured
 
 from project.frontier import lua
 from project.frontier.config import FrontierConfig
-from project.frontier.revisit import RevisitConfig
 from project.runs.report import RunsConfig, finish_run
 from project.storage.outbox import Outbox
 from project.storage.store import MongoStore
@@ -212,24 +211,20 @@ class RunTracker:
                 "Crawl run %s ended; this node stores no items, so it writes no report", run_id
             )
             return
-        started, ended, fresh = int(reply[1]), int(reply[2]), reply[3] == b"1"
+        started, ended = int(reply[1]), int(reply[2])  # reply[3]: the seen-set was fresh
         nodes = {}
         for j in range(4, len(reply), 2):
             try:
                 nodes[reply[j].decode()] = json.loads(reply[j + 1])
             except ValueError:
                 continue
-        # Items the run did not see are gone only if it could have seen them all: it began
-        # with an empty seen-set, or the pages are under revisit policies (a seen URL under
-        # none is never fetched again, and its items would all look gone)
-        revisiting = bool(RevisitConfig.from_settings(self.crawler.settings).rules)
         store = MongoStore.existing(self.crawler)
         outbox = None
         if store is not None and store.outbox is not None:
             outbox = Outbox(self._server, store.outbox.key, max_bytes=store.outbox.max_bytes)
         await finish_run(
             self.crawler.settings, self.spider.name, run_id, started / 1000, ended / 1000, nodes,
-            self.config, whole=fresh or revisiting, outbox=outbox,
+            self.config, outbox=outbox,
         )  # fmt: skip
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:

@@ -87,6 +87,8 @@ class MongoConfig:
     #: How long a node that is done keeps trying to store what waits (its journal, the
     #: fleet's outbox) before it exits 3, "crawled, not stored".
     drain_timeout: float = setting("MONGO_DRAIN_TIMEOUT", 600.0)
+    #: Items their page no longer has get ``gone_at`` (project/frontier/revisit.py's evidence).
+    mark_gone: bool = setting("RUNS_MARK_GONE", True)
     #: Most bytes the fleet's outbox in Redis holds while MongoDB is away (0: no outbox, a
     #: node journals to its own disk).
     outbox_max_bytes: int = setting("MONGO_OUTBOX_MAX_BYTES", 512 * 1024 * 1024)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Record",
     "collection_of",
+    "gone_record",
     "item_record",
     "refused_reject",
     "reject_record",
@@ -108,6 +109,15 @@ def touch_record(collection: str, ids: list[str], *, database: str, seen: float)
     return {"db": database, "kind": "touch", "collection": collection, "ids": ids, "seen": seen}
 
 
+def gone_record(
+    collection: str, ids: list[str], *, database: str, at: float, crawl_id: str, spider: str
+) -> Record:
+    """The record of items their page no longer has (project/frontier/revisit.py's evidence):
+    ``gone_at`` *at*, unless seen since (``last_seen`` from *at* on) or gone already."""
+    return {"db": database, "kind": "gone", "collection": collection, "ids": ids, "seen": at,
+            "crawl_id": crawl_id, "spider": spider}  # fmt: skip
+
+
 def refused_reject(record: Record, reason: str, products_collection: str) -> Record:
     """The reject record of an item MongoDB cannot take: a bounded copy and the reason."""
     doc: dict[str, Any] = record["doc"] if isinstance(record.get("doc"), dict) else {}
@@ -158,6 +168,7 @@ def well_formed(record: object, database: str) -> bool:
         "item",
         "reject",
         "touch",
+        "gone",
         "report",
     ):
         return False
@@ -174,12 +185,13 @@ def well_formed(record: object, database: str) -> bool:
             and all(isinstance(doc.get(t), int | float) and _storable_time(doc[t]) for t in times)
             and isinstance(collection, str) and collection_name_error(collection, database) is None
         )  # fmt: skip
-    if record["kind"] == "touch":
+    if record["kind"] in ("touch", "gone"):
         ids, collection = record.get("ids"), record.get("collection")
         return (
             isinstance(ids, list) and all(isinstance(key, str) for key in ids)
             and isinstance(collection, str) and collection_name_error(collection, database) is None
             and isinstance(record.get("seen"), int | float) and _storable_time(record["seen"])
+            and (record["kind"] == "touch" or isinstance(record.get("crawl_id"), str))
         )  # fmt: skip
     fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
     if record["kind"] != "reject":

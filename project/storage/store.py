@@ -28,7 +28,12 @@ from scrapy import signals
 from scrapy.exceptions import CloseSpider
 
 from project.frontier.config import FrontierConfig
-from project.frontier.signals import frontier_started, item_stored_ref, items_still_there
+from project.frontier.signals import (
+    frontier_started,
+    item_stored_ref,
+    items_gone,
+    items_still_there,
+)
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.documents import MAX_BSON_SIZE
 from project.storage.errors import (
@@ -41,12 +46,18 @@ from project.storage.errors import (
 from project.storage.journal import Journal, JournalLockedError
 from project.storage.outbox import Outbox
 from project.storage.placement import place_product
-from project.storage.records import item_record, reject_record, touch_record, well_formed
+from project.storage.records import (
+    gone_record,
+    item_record,
+    reject_record,
+    touch_record,
+    well_formed,
+)
 from project.storage.writes import BatchWriter
 from project.utils import mask_url
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from pymongo.asynchronous.database import AsyncDatabase
     from scrapy import Spider
@@ -122,6 +133,8 @@ class MongoStore:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._touches: set[asyncio.Future[None]] = set()
+        #: Stamps what is stored: the fleet's clock once the frontier started (frontier_ready)
+        self._now: Callable[[], float] = time.time
         self._recovery: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._journaling = False
@@ -168,10 +181,15 @@ class MongoStore:
             # the frontier names the items it knows still there; the store keeps them
             crawler.signals.connect(store.stored_ref, signal=item_stored_ref)
             crawler.signals.connect(store.keep_alive, signal=items_still_there)
+            crawler.signals.connect(store.mark_gone, signal=items_gone)
         return store
 
-    def frontier_ready(self, keys: FrontierKeys) -> None:
-        """``frontier_started``: the fleet's outbox for this database, unless turned off."""
+    def frontier_ready(self, keys: FrontierKeys, loop: Any = None) -> None:
+        """``frontier_started``: the fleet's clock (Redis', which stamps what is stored from
+        now on) and its outbox for this database, unless turned off."""
+        clock = getattr(loop, "clock", None)
+        if clock is not None:
+            self._now = clock.now
         if self.outbox is not None or self.config.outbox_max_bytes <= 0 or self._settings is None:
             return
         client = FrontierConfig.from_settings(self._settings).client(
@@ -214,6 +232,28 @@ class MongoStore:
         self._touches.add(task)
         task.add_done_callback(self._touched)
 
+    def mark_gone(self, refs: Sequence[tuple[str, str]]) -> None:
+        """Mark *refs* gone in the background (``items_gone``): the sender does not wait."""
+        if not self.config.mark_gone:
+            return
+        task = asyncio.ensure_future(self.gone(refs))
+        self._touches.add(task)
+        task.add_done_callback(self._touched)
+
+    async def gone(self, refs: Sequence[tuple[str, str]], *, at: float | None = None) -> None:
+        """Items their page no longer has: ``gone_at``, durably, unless seen since *at*."""
+        by_collection: dict[str, list[str]] = {}
+        for collection, key in refs:
+            by_collection.setdefault(collection, []).append(key)
+        when = self._now() if at is None else at
+        for collection, keys in by_collection.items():
+            record = gone_record(
+                collection, keys, database=self.config.database, at=when,
+                crawl_id=self.config.crawl_id, spider=self.config.spider,
+            )  # fmt: skip
+            await self._submit(record)
+        self._stats.inc_value("mongo/gone_evidence", len(refs))
+
     def _touched(self, task: asyncio.Future[None]) -> None:
         self._touches.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -225,7 +265,7 @@ class MongoStore:
         by_collection: dict[str, list[str]] = {}
         for collection, key in refs:
             by_collection.setdefault(collection, []).append(key)
-        at = time.time() if seen is None else seen
+        at = self._now() if seen is None else seen
         for collection, keys in by_collection.items():
             await self._submit(
                 touch_record(collection, keys, database=self.config.database, seen=at)
@@ -459,7 +499,7 @@ class MongoStore:
                 placed,
                 database=self.config.database,
                 crawl_id=self.config.crawl_id,
-                seen=time.time() if seen is None else seen,
+                seen=self._now() if seen is None else seen,
                 spider=self.config.spider,
             )
         )
@@ -495,7 +535,7 @@ class MongoStore:
                 reasons,
                 database=self.config.database,
                 crawl_id=self.config.crawl_id,
-                seen=time.time() if seen is None else seen,
+                seen=self._now() if seen is None else seen,
                 item_type=item_type,
             )
         )

@@ -80,12 +80,15 @@ class BatchWriter:
         items: dict[str, _Group] = {}
         rejects: _Group = []
         touches: list[Record] = []
+        gone: list[Record] = []
         reports: list[Record] = []
         for index, record in enumerate(records):
             if record["kind"] == "reject":
                 rejects.append((index, record))
             elif record["kind"] == "touch":
                 touches.append(record)
+            elif record["kind"] == "gone":
+                gone.append(record)
             elif record["kind"] == "report":
                 reports.append(record)
             else:
@@ -102,6 +105,8 @@ class BatchWriter:
         lost = await self._write_rejects(rejects) if rejects else {}
         if touches:
             await self._touch(touches)
+        for record in gone:  # after the items and touches of the batch: a sighting wins
+            await self._gone(record)
         for report in reports:
             await self._write_report(report)
         self._stats.inc_value("mongo/batches")
@@ -236,6 +241,41 @@ class BatchWriter:
                     self._stats.inc_value("mongo/write_errors")
                     logger.error("MongoDB refused to touch items of %s: %s", name, exc)
                     break
+
+    async def _gone(self, record: Record) -> None:
+        """Mark items their page no longer has: ``gone_at``, and a change each.
+
+        Only those not gone already and not seen since the evidence (``last_seen`` before
+        it: both are Redis' time, project/frontier/clock.py); at most 50 ids a command, as
+        :meth:`_touch`. A replayed record finds them gone already and adds nothing.
+        """
+        name, at = record["collection"], from_ms(to_ms(record["seen"]))
+        collection, ids = self._database[name], sorted(set(record["ids"]))
+        docs = []
+        for start in range(0, len(ids), _MAX_OPS_PER_COMMAND):
+            chunk = ids[start : start + _MAX_OPS_PER_COMMAND]
+            query = {"_id": {"$in": chunk}, "gone_at": {"$exists": False}, "last_seen": {"$lt": at}}
+            try:
+                await collection.update_many(query, {"$set": {"gone_at": at}})
+                marked = [doc["_id"] async for doc in collection.find(
+                    {"_id": {"$in": chunk}, "gone_at": at}, {"_id": 1})]  # fmt: skip
+            except OperationFailure as exc:
+                if severity(exc) == "transient":
+                    raise  # an outage: the batch goes to the journal and comes back
+                self._stats.inc_value("mongo/write_errors")
+                logger.error("MongoDB refused to mark items of %s gone: %s", name, exc)
+                return
+            docs += [
+                {"_id": f"{key}|gone_at|{to_ms(record['seen'])}|{name}", "item_id": key,
+                 "collection": name, "field": "gone_at", "old": None, "new": at, "at": at,
+                 "crawl_id": record["crawl_id"], "spider": record.get("spider", "")}
+                for key in marked
+            ]  # fmt: skip
+        self._stats.inc_value("mongo/gone", len(docs))
+        if docs:
+            groups: list[_Group] = [[] for _ in docs]
+            await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
+            self._stats.inc_value("mongo/changes", len(docs))
 
     def _overwritten(self, collection: str, planned: Plan, counts: Counter[str]) -> None:
         """Count (and tell once) records of one URL id whose contents overwrote each other."""

@@ -108,6 +108,9 @@ class ShopResource(Resource):
         self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
         #: The last ``/_catalogue`` answered, by (epoch, since): tests ask for it again and again.
         self._payload: tuple[tuple[int, int | None], bytes] | None = None
+        #: Paths answered with an error status until told otherwise (``/_fail``): a site in
+        #: maintenance for one crawl.
+        self._failing: dict[str, int] = {}
         self._serve(config.epoch)
 
     def _serve(self, epoch: int) -> None:
@@ -135,6 +138,9 @@ class ShopResource(Resource):
         # Fires once the response is written to its end (at once without latency, in _finish
         # after it, when a hostile page ends) or when the client went away first (_cancel).
         request.notifyFinish().addBoth(_ended, timed)
+        if (status := self._failing.get(path)) is not None:
+            self._stats.record_status(status)
+            return self._respond(request, Reply(status, render_error(status, "Failing").encode()))
         hostile = self._hostile_name(path)
         if hostile is not None:
             return self._hostile(request, hostile)
@@ -160,6 +166,15 @@ class ShopResource(Resource):
             return self._json(request, {"reset": True})
         if path == "/_timeline":
             return self._json(request, self._stats.timeline_dict())
+        if path == "/_fail":
+            # /_fail?path=/&status=503 (status 0: answer it again)
+            target = request.args.get(b"path", [b""])[0].decode("utf-8", "replace")
+            status = _int_arg(request, b"status", default=0) or 0
+            if status:
+                self._failing[target] = status
+            else:
+                self._failing.pop(target, None)
+            return self._json(request, {"failing": self._failing})
         if path not in ("/_catalogue", "/_changes", "/_epoch"):
             return None
         try:
@@ -580,6 +595,11 @@ class ShopServer:
     def reset(self) -> None:
         """Clear the counters and the flaky/burst progress."""
         self._get_json("/_reset")
+
+    def fail(self, path: str, status: int) -> None:
+        """Answer *path* (as linked, without its query) with *status* from now on; 0: as
+        before."""
+        self._get_json("/_fail?" + urllib.parse.urlencode({"path": path, "status": status}))
 
     def fetch(
         self,

@@ -57,6 +57,9 @@
                                each (step/enqueue.lua)
                revisit         with maintain: hand out up to this many due revisits
                                (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               sweep           with count, when the fleet has nothing left: queue up to
+                               this many due revisits of URLs this run has not seen
+                               (FRONTIER_REVISIT_SWEEP)
                start           CODE.start_extend: extend this node's claim on start();
                                CODE.start_end: its start() is over and its requests are
                                in (this step enqueues the last)
@@ -75,7 +78,7 @@
     promoted      due retries put back (maintenance)
     poisoned      {dead-letter record, ...} of entries whose leases expired max_deliveries
                   times
-    handed_out    due revisits queued by maintenance (options.revisit)
+    handed_out    due revisits queued by maintenance (options.revisit) or the sweep
     leased        {site, payload, score, ...}
     permits       download permits granted {site, n, ...}
     shares        {site, share, back, ...} for each site of the ahead section: this
@@ -89,8 +92,10 @@
     counts        {queued, n, inflight, n, delayed, n, seeds, n, starting, n} (name/value
                   pairs; starting: 1 while a node runs start()), and seen, n for a Bloom
                   seen-set, with maintain or count (only up to the first above zero
-                  without maintain), else {}
+                  without maintain), else {}; and revisits, n: what the sweep queued (plus 1
+                  when due revisits are left it has not looked at yet)
     wait_ms       milliseconds until the next throttled site may go, or nil
+    now           Redis' time of this step, ms (the fleet's clock: project/frontier/clock.py)
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -146,6 +151,18 @@ local start_held = StartClaim.run(opt.start, opt.node, opt.lease_ms)
 local counts = {}
 if opt.maintain or opt.count then
     counts = fleet_counts(opt.maintain)
+    local idle = true
+    for j = 2, #counts, 2 do idle = idle and counts[j] == 0 end
+    if opt.sweep and idle then
+        -- nothing left that could rediscover a page: the due ones this run did not see go
+        -- now (the next step leases them), and the run is not over while any are left
+        local swept, left = Revisit.sweep(now, opt.sweep)
+        handed_out = handed_out + swept
+        if swept > 0 or left then
+            counts[#counts + 1] = 'revisits'
+            counts[#counts + 1] = swept + (left and 1 or 0)
+        end
+    end
     if opt.seen and opt.seen.mode == 'bloom' then -- how full it is (lib/seen.lua counts)
         counts[#counts + 1] = 'seen'
         counts[#counts + 1] = tonumber(redis.call('GET', K.dupefilter .. ':n') or 0)
@@ -163,4 +180,4 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'reaped', reaped, 'promoted', promoted, 'poisoned', poisoned, 'handed_out', handed_out,
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
-        'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms}
+        'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now}

@@ -145,6 +145,7 @@ do
                 if opt.list_dupes then listed[#listed + 1] = e end
             else
                 pushed[fps[j]] = true
+                if mode == CODE.mode_seed then Revisit.seeded(fps[j]) end
                 local priority = clamp_priority(tonumber(ARGV[i + sec.priority]) or 0)
                 fresh[#fresh + 1] = {ARGV[i + sec.site], priority, payload or ARGV[i + sec.payload]}
             end

@@ -18,8 +18,15 @@
     nil. It is then due again one interval later, so a lost revisit comes back. The first
     rediscovery in a run of a URL not due yet returns nil and its record: the node keeps that
     page's items alive.
+  Revisit.seeded(fp): a seed (or start request) queued in this run: its URL's record, if
+    it has one, counts as this run's (the sweep leaves it).
   Revisit.hand_out(now, most): with FRONTIER_KEEP_ALIVE (options.revisit), queue up to `most`
     due revisits of URLs nobody rediscovered; returns how many.
+  Revisit.sweep(now, most): before a crawl run ends (options.sweep, FRONTIER_REVISIT_SWEEP:
+    once nothing is left that could rediscover a page), queue up to `most` due revisits of URLs this run neither fetched nor rediscovered, so a
+    page no longer linked is fetched once more and tells whether its items are gone (a 404,
+    or a page that no longer yields them: project/frontier/revisit.py); returns how many, and
+    whether due ones are left to look at (a bounded scan: the run is not over yet).
 ]]
 local Revisit = {}
 
@@ -81,7 +88,10 @@ do
         return with_record(payload, parts[5])
     end
 
-    function Revisit.hand_out(now, most)
+    -- Queue up to `most` due revisits; `run` given (a sweep), only those of other runs, each
+    -- then marked as this run's, and the ones of this run are due an interval later. Returns
+    -- how many were queued and how many due ones it looked at.
+    local function queue_due(now, most, run)
         local fps = redis.call('ZRANGEBYSCORE', K.due, '-inf', now, 'LIMIT', 0, most)
         local entries = {}
         for _, fp in ipairs(fps) do
@@ -93,13 +103,42 @@ do
             end
             if parts then
                 redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
-                entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),
-                                         with_record(parts[6], parts[5])}
+                if not run or parts[2] ~= run then
+                    if run then
+                        parts[2] = run
+                        redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
+                    end
+                    entries[#entries + 1] = {parts[3], clamp_priority(tonumber(parts[4]) or 0),
+                                             with_record(parts[6], parts[5])}
+                end
             else
                 redis.call('ZREM', K.due, fp)
             end
         end
         if #entries > 0 then push_grouped(group_by_site(entries)) end
-        return #entries
+        return #entries, #fps
+    end
+
+    -- A seed queued in this run: its URL's record is this run's, so the sweep leaves it
+    -- (it is being fetched already, or failed in this run).
+    function Revisit.seeded(fp)
+        local parts = split_revisit(redis.call('HGET', K.revisit, fp) or '')
+        if not parts then return end
+        if current_run == nil then current_run = redis.call('HGET', K.runs, 'id') or '' end
+        if current_run ~= '' and parts[2] ~= current_run then
+            parts[2] = current_run
+            redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
+        end
+    end
+
+    function Revisit.hand_out(now, most)
+        return (queue_due(now, most))
+    end
+
+    function Revisit.sweep(now, most)
+        local run = redis.call('HGET', K.runs, 'id')
+        if not run then return 0, false end -- no crawl run: nothing is "this run's"
+        local queued, looked = queue_due(now, most, run)
+        return queued, looked == most
     end
 end
