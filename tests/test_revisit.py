@@ -22,6 +22,7 @@ from project.frontier.queue import Counts, LeasedQueue, StepBatch
 from project.frontier.revisit import (
     NotModified,
     RevisitConfig,
+    RevisitLinksMiddleware,
     RevisitMiddleware,
     gone_refs,
     parse_duration,
@@ -282,6 +283,19 @@ def test_a_page_whose_item_was_dropped_or_that_raised_tells_nothing_gone() -> No
                                        exception=ValueError("x"), failure=None)  # fmt: skip
         assert gone_refs(request) == [], signal
     del middleware
+
+
+def test_a_parse_that_asks_for_its_own_page_again_tells_nothing_gone() -> None:
+    """A page fetched again through Chromium (the products spider's fallback) yields its items
+    from that second request: the first parse, which yields none, is no evidence."""
+    crawler = get_crawler(_Spider, {"FRONTIER_REVISIT": {".": "1h"}})
+    links = RevisitLinksMiddleware.from_crawler(crawler)
+    for again, gone in ((True, []), (False, [("p", "a"), ("p", "b"), ("q", "c")])):
+        request = _fetched(200, [])
+        response = HtmlResponse(request.url, body=b"", request=request)
+        other = request.url if again else "http://s/p/2"
+        list(links.process_spider_output(response, [Request(other, dont_filter=True)]))
+        assert gone_refs(request) == gone
 
 
 def test_the_fleet_clock_keeps_the_offset_of_its_shortest_recent_round_trip() -> None:

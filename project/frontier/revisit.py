@@ -294,7 +294,13 @@ class RevisitLinksMiddleware:
         if not isinstance(output, Request):
             return
         out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
-        if isinstance(out, dict) and not out["record"].get("links"):
+        if not isinstance(out, dict):
+            return
+        if output.url == response.url:
+            # the page asked for itself again (through Chromium, say): that request yields
+            # its items, so this parse is no evidence that any is gone
+            out["unsure"] = True
+        if not out["record"].get("links"):
             out["record"]["links"] = True
             out["record"].pop("etag", None)
             out["record"].pop("lm", None)
