@@ -242,3 +242,20 @@ def test_a_removed_product_is_gone_on_its_own_evidence(
     assert _sum(fleet, second, "mongo/gone") == len(removed)
     changes = mongo["changes"].count_documents({"field": "gone_at"})
     assert changes == len(removed)
+
+
+def test_a_node_that_starts_after_the_crawl_ended_fetches_nothing_again(
+    fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any]
+) -> None:
+    """The sweep is a run's last act, by nodes that saw its crawl: a node started late (a
+    scrapyd job slow to start) finds no crawl and must not fetch the due catalogue again in a
+    run of its own."""
+    shop = _shop(make_shop)
+    fleet.settings.update(REVISIT_ALL)
+    _crawl(fleet, shop.url("/"), nodes=1)
+    time.sleep(1.2)  # every page due again
+    shop.reset()
+    late = fleet.start_node()
+    assert late.wait(60) == 0, fleet.log(1)[-3000:]
+    assert shop.stats()["product_hits"] == {}
+    assert mongo["crawl_runs"].count_documents({}) == 1

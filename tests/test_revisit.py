@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis.asyncio
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
@@ -30,6 +31,7 @@ from project.frontier.revisit import (
     touch_items,
 )
 from project.frontier.signals import items_gone, seen_set_opened
+from project.monitoring.status import frontier_snapshot
 from project.storage.placement import PlacedItem
 from project.storage.store import MongoStore
 from project.storage.writes import field_changes
@@ -227,6 +229,108 @@ def test_the_sweep_queues_the_due_pages_this_run_has_not_seen_and_only_those(
         assert (await a.step(StepBatch(count=True, sweep=10))).counts == Counts()
 
     run(redis_url, keys, scenario)
+
+
+def _site_record(site: str, n: int, interval_ms: int = 1) -> tuple[bytes, int, bytes]:
+    blob = f'{site}\n0\n{{"h":"x"}}\n{{"url":"http://{site}/{n}"}}'.encode()
+    return (f"{site}-{n}".encode(), interval_ms, blob)
+
+
+def test_revisit_records_are_capped_in_all_and_per_site(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """A new URL past FRONTIER_REVISIT_MAX_URLS or _MAX_SITE_URLS is not recorded (counted);
+    a record rewritten costs no room; a record forgotten gives its room back."""
+    limits = (3, 2, 0, 0)
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        first = await a.step(StepBatch(revisit_limits=limits, revisits=[
+            _site_record("s", 1), _site_record("s", 2), _site_record("s", 3),
+            _site_record("t", 1)]))  # fmt: skip
+        assert first.revisits_capped == 1  # s-3: the site's cap
+        assert sorted(redis_client.hkeys(keys.revisit)) == [b"s-1", b"s-2", b"t-1"]
+        assert redis_client.hgetall(keys.revisit_sites) == {b"s": b"2", b"t": b"1"}
+        assert redis_client.zscore(keys.due, b"s-3") is None
+        again = await a.step(StepBatch(revisit_limits=limits, revisits=[
+            _site_record("s", 1), _site_record("u", 1)]))  # fmt: skip
+        assert again.revisits_capped == 1  # u-1: the cap in all; s-1 was rewritten
+        await a.step(StepBatch(revisit_limits=limits, revisits=[(b"s-1", 0, b"")]))
+        assert redis_client.hgetall(keys.revisit_sites) == {b"s": b"1", b"t": b"1"}
+        room = await a.step(StepBatch(revisit_limits=limits, revisits=[_site_record("u", 1)]))
+        assert room.revisits_capped == 0
+        assert redis_client.hlen(keys.revisit) == 3
+        await asyncio_sleep(0.01)
+        shown = frontier_snapshot(redis_client, keys)["revisits"]  # fleetcrawl status
+        assert shown == {"records": 3, "sites": 3, "due": 3}
+
+    run(redis_url, keys, scenario)
+
+
+def test_a_record_no_run_rediscovers_is_forgotten_after_its_runs_and_time(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """The sweep fetches a page no run links to; after FRONTIER_REVISIT_FORGET_RUNS such runs
+    in a row, over at least FRONTIER_REVISIT_FORGET_AFTER, it is forgotten; a rediscovery
+    starts the count again."""
+
+    async def sweep(a: LeasedQueue, run_id: str, limits: tuple[int, ...]) -> Any:
+        redis_client.hset(keys.runs, "id", run_id)
+        await asyncio_sleep(0.01)  # due again
+        result = await a.step(StepBatch(count=True, sweep=10, revisit_limits=limits))
+        await a.step(StepBatch(want=10))
+        await a.step(StepBatch(acks=list(redis_client.zrange(keys.inflight, 0, -1))))
+        return result
+
+    async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
+        limits = (100, 100, 2, 0)
+        redis_client.hset(keys.runs, "id", "run-0")
+        await a.step(StepBatch(enqueue=[_entry(1), _entry(2)]))
+        await a.step(StepBatch(want=2))
+        await a.step(StepBatch(acks=list(redis_client.zrange(keys.inflight, 0, -1)),
+                               revisits=[_record(1, 1), _record(2, 1)],
+                               revisit_limits=limits))  # fmt: skip
+        assert (await sweep(a, "run-1", limits)).handed_out == 2  # missed once
+        # run 2 rediscovers page 2: its misses start again
+        redis_client.hset(keys.runs, "id", "run-2")
+        await asyncio_sleep(0.01)
+        assert (await a.step(StepBatch(enqueue=[_entry(2)]))).rediscovered == 1
+        await a.step(StepBatch(want=10))
+        await a.step(StepBatch(acks=list(redis_client.zrange(keys.inflight, 0, -1))))
+        assert (await sweep(a, "run-2", limits)).handed_out == 1  # page 1: missed twice
+        third = await sweep(a, "run-3", limits)
+        assert (third.handed_out, third.revisits_forgotten) == (1, 1)  # page 1 forgotten
+        assert not redis_client.hexists(keys.revisit, b"fp1")
+        assert redis_client.zscore(keys.due, b"fp1") is None
+        assert redis_client.hexists(keys.revisit, b"fp2")
+        assert redis_client.hget(keys.revisit_sites, "s") == b"1"
+        # a window longer than the runs took: missed often, not forgotten yet
+        slow = (100, 100, 1, 3_600_000)
+        for run_id in ("run-4", "run-5", "run-6"):
+            assert (await sweep(a, run_id, slow)).revisits_forgotten == 0
+        assert redis_client.hexists(keys.revisit, b"fp2")
+
+    run(redis_url, keys, scenario)
+
+
+def test_the_layout_upgrade_counts_each_sites_revisit_records(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    from project.frontier.layout import ensure_layout
+
+    redis_client.hset(keys.revisit, mapping={
+        b"a": b"5\nr\ns\n0\n{}\n{}", b"b": b"5\nr\ns\n0\n{}\n{}",
+        b"c": b"5\nr\nt\n0\n{}\n{}", b"junk": b"no lines"})  # fmt: skip
+    redis_client.set(keys.layout, 5)
+
+    async def upgrade() -> None:
+        client = redis.asyncio.from_url(redis_url)
+        try:
+            await ensure_layout(client, keys)
+        finally:
+            await client.aclose()
+
+    asyncio.run(upgrade())
+    assert redis_client.hgetall(keys.revisit_sites) == {b"s": b"2", b"t": b"1"}
 
 
 def _fetched(status: int | None, yielded: list[list[str]], **out: Any) -> Request:

@@ -47,7 +47,8 @@ def clear_frontier(client: redis.Redis, keys: FrontierKeys) -> int:
     holders: Any = client.zrange(keys.holders, 0, -1)
     permits = [keys.permits_of(node.decode("utf-8", "surrogateescape")) for node in holders]
     runs = [keys.runs + ":members", keys.runs + ":stats", keys.runs + ":seeds"]
-    doomed = [*site_queues, *seen, *permits, *runs, *keys.frontier()]
+    revisits = [keys.revisit_sites, keys.revisit_missed]
+    doomed = [*site_queues, *seen, *permits, *runs, *revisits, *keys.frontier()]
     deleted = 0
     for start in range(0, len(doomed), 1000):
         deleted += int(client.delete(*doomed[start : start + 1000]))

@@ -32,6 +32,11 @@ class CrawlEnd:
         self.started_at = time.monotonic()
         self._seen_work = False  # this node saw the fleet's crawl with work left, or did some
 
+    @property
+    def seen_work(self) -> bool:
+        """This node saw the fleet's crawl with work left, or did some."""
+        return self._seen_work
+
     def observe(self, moved: bool, counts: tuple[int, ...] | None, local_busy: bool) -> bool:
         """A step ran: it *moved* something, read the fleet's *counts* (None: it did not
         count), and the node still has work of its own or not. Returns :attr:`finished`."""

@@ -217,6 +217,16 @@ class FrontierKeys:
         less :attr:`leases`, its requests queued now."""
         return f"{self.queue}|n"
 
+    @property
+    def revisit_sites(self) -> str:
+        """The hash of revisit records each site has (``SITES`` in lua/step/revisit.lua)."""
+        return f"{self.revisit}:sites"
+
+    @property
+    def revisit_missed(self) -> str:
+        """The hash of runs each revisit record went unrediscovered (``MISSED`` there)."""
+        return f"{self.revisit}:missed"
+
     def older_site_queue(self, site: str) -> str:
         """The sorted set that held *site*'s requests before the priority lists, drained but
         never written (``site_key`` in lib/site_queues.lua)."""

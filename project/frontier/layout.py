@@ -9,7 +9,8 @@ Layout 5 counts the requests each site has had queued (``<queue>|n``) where layo
 those still queued: a site's queue is that count less its leases (``<prefix>:leases``), so a
 pop counts nothing more; the upgrade adds each site's leases to its count, and a site of the
 sorted-set layout with leases joins its priority index then (a push no longer tells that it
-is the site's first). The first node of a newer fleetcrawl rewrites the old members once,
+is the site's first). Layout 6 counts each site's revisit records (``<prefix>:revisit:sites``,
+for FRONTIER_REVISIT_MAX_SITE_URLS). The first node of a newer fleetcrawl rewrites the old members once,
 under a lock, and records the version in ``<prefix>:layout``; later starts cost one GET.
 Stop every node of the older version before starting the new one.
 """
@@ -32,7 +33,7 @@ __all__ = ["LAYOUT_VERSION", "ensure_layout"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 _LOCK_SECONDS = 120.0  # long enough to rewrite a large delayed set
 _SCAN_COUNT = 1000
 
@@ -118,6 +119,18 @@ async def _count_pushed(server: Redis, keys: FrontierKeys) -> None:
         await flush()
 
 
+async def _count_revisits(server: Redis, keys: FrontierKeys) -> None:
+    """Layout 6: the revisit records of each site are counted (FRONTIER_REVISIT_MAX_SITE_URLS)."""
+    counts: dict[bytes, int] = {}
+    async for _, stored in server.hscan_iter(keys.revisit, count=_SCAN_COUNT):
+        parts = stored.split(b"\n", 3)  # interval, run, site, the rest
+        if len(parts) == 4:
+            counts[parts[2]] = counts.get(parts[2], 0) + 1
+    await server.delete(keys.revisit_sites)
+    if counts:
+        await server.hset(keys.revisit_sites, mapping=counts)  # type: ignore[arg-type]
+
+
 async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
     """Bring the spider's frontier to :data:`LAYOUT_VERSION`; returns the members rewritten."""
     current = str(LAYOUT_VERSION).encode()
@@ -139,6 +152,8 @@ async def ensure_layout(server: Redis, keys: FrontierKeys) -> int:
             await server.delete(keys.active)  # leases of the stopped older nodes
         if found is None or int(found) < 5:
             await _count_pushed(server, keys)
+        if found is None or int(found) < 6:
+            await _count_revisits(server, keys)
         await server.set(keys.layout, current)
     if inflight or delayed:
         logger.warning(

@@ -88,6 +88,7 @@ class FrontierLoop:
         #: Count steps sweep due revisits the run did not see (a keep-alive fleet hands them
         #: out anyway).
         self._sweep = bool(revisits.rules and revisits.sweep and not config.keep_alive)
+        self._revisit_limits = revisits.limits() if revisits.rules else None
         self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []
         self._latency: dict[str, list[float]] = {}
         self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
@@ -387,8 +388,11 @@ class FrontierLoop:
             and settled == len(self.settlements)
             and self.claim.state is None
         )
-        if batch.count and self._sweep:
+        if batch.count and self._sweep and self.end.seen_work:
+            # only a node that saw this run's crawl: one that starts after a crawl ended
+            # must not fetch the catalogue again in a run of its own
             batch.sweep = _REVISITS_PER_MAINTENANCE
+        batch.revisit_limits = self._revisit_limits
         batch.list_dupes = bool(batch.enqueue) and (
             config.dupefilter_debug or not self._dupe_logged
         )

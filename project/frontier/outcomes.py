@@ -79,6 +79,8 @@ def count_step(stats: StatsCollector, batch: StepBatch, result: StepResult) -> N
         "revisit/rediscovered": result.rediscovered,
         "revisit/due": result.handed_out,
         "revisit/not_due": len(result.still_linked),
+        "revisit/capped": result.revisits_capped,
+        "revisit/forgotten": result.revisits_forgotten,
     }
     if batch.maintain:
         counts["frontier/reaped"] = result.reaped

@@ -50,6 +50,8 @@ REPLY: Final = (
     "promoted",
     "poisoned",
     "handed_out",
+    "revisits_capped",
+    "revisits_forgotten",
     "leased",
     "permits",
     "shares",
@@ -126,6 +128,9 @@ class StepBatch:
     #: revisits of URLs the crawl run has not seen (FRONTIER_REVISIT_SWEEP: a page no longer
     #: linked is fetched once more).
     sweep: int = 0
+    #: (records in all, of one site, runs and ms a record may go unrediscovered): the caps
+    #: and the forgetting of revisit records, sent with revisits or a sweep
+    revisit_limits: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +175,12 @@ class StepResult:
     spare_back: list[tuple[str, int]] = field(default_factory=list)
     #: Seen URLs queued again because their revisit was due, when rediscovered.
     rediscovered: int = 0
-    #: Due revisits maintenance queued (FRONTIER_KEEP_ALIVE).
+    #: Due revisits maintenance queued (FRONTIER_KEEP_ALIVE), or the sweep.
     handed_out: int = 0
+    #: New revisit records the caps left out (FRONTIER_REVISIT_MAX_URLS, ..._MAX_SITE_URLS).
+    revisits_capped: int = 0
+    #: Revisit records the sweep forgot (FRONTIER_REVISIT_FORGET_RUNS, ..._FORGET_AFTER).
+    revisits_forgotten: int = 0
     #: Records of URLs rediscovered before their revisit is due: their items are still there.
     still_linked: list[bytes] = field(default_factory=list)
     #: This node was no permit holder when the step began (its first step, or it stalled
@@ -265,6 +274,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["revisit"] = batch.revisit_due
         if batch.sweep:
             options["sweep"] = batch.sweep
+        if batch.revisit_limits and (batch.sweep or batch.revisits):
+            options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
 
     async def step(self, batch: StepBatch) -> StepResult:
@@ -359,6 +370,8 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         ],
         rediscovered=int(reply["rediscovered"]),
         handed_out=int(reply["handed_out"]),
+        revisits_capped=int(reply["revisits_capped"]),
+        revisits_forgotten=int(reply["revisits_forgotten"]),
         still_linked=list(reply["still_linked"]),
         rejoined=bool(reply["rejoined"]),
         now_ms=int(reply["now"]),

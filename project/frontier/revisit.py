@@ -109,6 +109,16 @@ class RevisitConfig:
     #: Before a crawl run ends, fetch the due pages it did not rediscover (a page no longer
     #: linked answers 404 or no longer yields its items: they are gone).
     sweep: bool = setting("FRONTIER_REVISIT_SWEEP", True)
+    #: Revisit records in all and of one site: a new URL past either is fetched, not recorded
+    #: (about 0.6 KB each: 10^7 records are about 6 GB of Redis).
+    max_urls: int = setting("FRONTIER_REVISIT_MAX_URLS", 10_000_000)
+    max_site_urls: int = setting("FRONTIER_REVISIT_MAX_SITE_URLS", 1_000_000)
+    #: A record no run rediscovered in more than this many runs in a row (the sweep fetched
+    #: it each time), over at least FRONTIER_REVISIT_FORGET_AFTER, is forgotten. 0: never.
+    forget_runs: int = setting("FRONTIER_REVISIT_FORGET_RUNS", 3)
+    #: "": three times the longest FRONTIER_REVISIT interval (a page linked only from the
+    #: slowest listing is rediscovered within it).
+    forget_after: str = setting("FRONTIER_REVISIT_FORGET_AFTER", "")
     rules: tuple[tuple[re.Pattern[str] | str, float], ...] = field(default=())
     #: min_interval and max_interval in seconds
     bounds: tuple[float, float] = (
@@ -140,7 +150,22 @@ class RevisitConfig:
                 "FRONTIER_REVISIT_MIN must be above 0 and at most FRONTIER_REVISIT_MAX"
             )
         values["rules"], values["bounds"] = tuple(rules), (low, high)
+        if values["forget_after"]:
+            parse_duration(values["forget_after"], "FRONTIER_REVISIT_FORGET_AFTER")
+        for name in ("max_urls", "max_site_urls", "forget_runs"):
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise NotConfigured(f"FRONTIER_REVISIT_{name.upper()}: {value!r} is not a count")
         return cls(**values)
+
+    def limits(self) -> tuple[int, int, int, int]:
+        """The step's ``revisit_limits`` (lua/step/revisit.lua): records in all, of a site,
+        runs and milliseconds a record may go unrediscovered."""
+        if self.forget_after:
+            window = parse_duration(self.forget_after, "FRONTIER_REVISIT_FORGET_AFTER")
+        else:
+            window = 3 * max((seconds for _, seconds in self.rules), default=0.0)
+        return (self.max_urls, self.max_site_urls, self.forget_runs, int(window * 1000))
 
     def interval(self, request: Request) -> float:
         """Seconds between fetches of *request*'s URL: 0 when no policy names it."""

@@ -213,6 +213,18 @@ def render(status: dict[str, Any]) -> RenderableType:
                 ),
             ),
             ("dead letters", str(status["dead_letters"])),
+            *(
+                [
+                    (
+                        "revisits",
+                        "{records} records of {sites} sites, {due} due".format(
+                            **status["revisits"]
+                        ),
+                    )
+                ]
+                if status.get("revisits", {}).get("records")
+                else []
+            ),
         ],
     )
     if "error" in mongo:

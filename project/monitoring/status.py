@@ -228,6 +228,11 @@ def frontier_snapshot(
     # the compact forms of the seen-set count what they hold (lua/lib/seen.lua)
     pipe.get(keys.dupefilter + ":n")
     pipe.get(keys.dupefilter + ":conf")
+    # revisit records (lua/step/revisit.lua): how many, of how many sites, due by now
+    pipe.hlen(keys.revisit)
+    pipe.hlen(keys.revisit_sites)
+    due = lua.load("revisits_due")
+    pipe.execute_command("EVAL", due.source, 1, *due.keys_from(keys))  # type: ignore[no-untyped-call]
     replies: list[Any] = pipe.execute()
     (seconds, micros), queued, delayed, inflight, seen, seen_bytes, seeds, dead = replies[:8]
     ready, n_ready, throttled, n_throttled, n_known, recent, fleet_default = replies[8:15]
@@ -264,6 +269,11 @@ def frontier_snapshot(
         "seen": int(seen),
         "seen_bytes": int(seen_bytes or 0),
         "seen_fill": _seen_fill(replies[16], int(seen)),
+        "revisits": {
+            "records": int(replies[17]),
+            "sites": int(replies[18]),
+            "due": int(replies[19]),
+        },
         "seeds_waiting": int(seeds),
         "dead_letters": int(dead),
     }

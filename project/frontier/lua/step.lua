@@ -57,6 +57,8 @@
                                each (step/enqueue.lua)
                revisit         with maintain: hand out up to this many due revisits
                                (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               revisit_limits  {records in all, of a site, runs and ms a record may go
+                               unrediscovered}: FRONTIER_REVISIT_MAX_URLS and the like
                sweep           with count, when the fleet has nothing left: queue up to
                                this many due revisits of URLs this run has not seen
                                (FRONTIER_REVISIT_SWEEP)
@@ -79,6 +81,8 @@
     poisoned      {dead-letter record, ...} of entries whose leases expired max_deliveries
                   times
     handed_out    due revisits queued by maintenance (options.revisit) or the sweep
+    revisits_capped     new revisit records left out by the caps (options.revisit_limits)
+    revisits_forgotten  revisit records the sweep forgot (not rediscovered for long)
     leased        {site, payload, score, ...}
     permits       download permits granted {site, n, ...}
     shares        {site, share, back, ...} for each site of the ahead section: this
@@ -128,7 +132,8 @@ local deadline = now + opt.lease_ms
 
 local added, dupes, offsite, dupe_list, rediscovered, still = Enqueue.run(S.enqueue, opt, now)
 local stale = Settle.run(S.ack, S.retry, S.dead, now)
-Revisit.record(S.revisit, now)
+local revisits_capped = Revisit.record(S.revisit, now, opt.revisit_limits)
+local revisits_forgotten = 0
 Heartbeat.run(S.heartbeat, deadline)
 PermitsBack.run(S.give_back, opt.node)
 Pause.run(S.pause, now, limits)
@@ -156,7 +161,8 @@ if opt.maintain or opt.count then
     if opt.sweep and idle then
         -- nothing left that could rediscover a page: the due ones this run did not see go
         -- now (the next step leases them), and the run is not over while any are left
-        local swept, left = Revisit.sweep(now, opt.sweep)
+        local swept, left
+        swept, left, revisits_forgotten = Revisit.sweep(now, opt.sweep, opt.revisit_limits)
         handed_out = handed_out + swept
         if swept > 0 or left then
             counts[#counts + 1] = 'revisits'
@@ -178,6 +184,7 @@ if next_wake[2] then wait_ms = math.max(0, tonumber(next_wake[2]) - now) end
 return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at', dupe_list,
         'rediscovered', rediscovered, 'still_linked', still, 'stale', stale,
         'reaped', reaped, 'promoted', promoted, 'poisoned', poisoned, 'handed_out', handed_out,
+        'revisits_capped', revisits_capped, 'revisits_forgotten', revisits_forgotten,
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now}
