@@ -25,7 +25,12 @@ from project.frontier.gate import PermitGateMiddleware
 from project.frontier.keys import FrontierKeys
 from project.frontier.politeness import derive
 from project.frontier.retry import FrontierRetryMiddleware
-from project.frontier.revisit import RevisitConfig, RevisitLinksMiddleware, RevisitMiddleware
+from project.frontier.revisit import (
+    RevisitConfig,
+    RevisitLinksMiddleware,
+    RevisitMiddleware,
+    RevisitParseGuard,
+)
 from project.frontier.robots import (
     ExpiringRobotsTxtMiddleware,
     RobotsCacheMiddleware,
@@ -91,7 +96,9 @@ _DOWNLOADER_MIDDLEWARES = {
 }
 
 # start_urls and start() seed the fleet once, not once per node; first after the engine.
-_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10, RevisitLinksMiddleware: 20}
+# the guard next to the spider: it hears a callback's exception before any middleware of the
+# project can swallow it
+_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10, RevisitLinksMiddleware: 20, RevisitParseGuard: 990}
 
 _EXTENSIONS = {NodeMonitor: 500, StatsFile: 510, RunTracker: 520}
 #: Scrapy 2.19's remote-control server, off on crawler nodes: out of EXTENSIONS_BASE, not

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from scrapy import Spider
 from scrapy.http import JsonRequest, TextResponse
 
+from project.frontier.meta import REVISIT_UNSURE_META_KEY
 from project.items import ProductItem
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class CatalogueApiSpider(Spider):
 
     def _bad_payload(self, response: Response, why: str) -> None:
         self.crawler.stats.inc_value("catalogue_api/bad_payload")
+        response.meta[REVISIT_UNSURE_META_KEY] = True  # not read whole: nothing is gone
         logger.warning("Unexpected API answer from %s: %s", response.url, why)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from project.frontier.meta import REVISIT_UNSURE_META_KEY
 from project.frontier.spiders import FleetSpider
 from project.items import ProductItem
 from project.rendering.middleware import FALLBACK_META_KEY
@@ -86,6 +87,7 @@ class ProductsSpider(FleetSpider):
         if not product:
             if "playwright" in response.flags or response.meta.get(FALLBACK_META_KEY):
                 self.crawler.stats.inc_value("products/no_product_markup")
+                response.meta[REVISIT_UNSURE_META_KEY] = True  # not read: nothing is gone
                 return
             # Built by JavaScript: fetch the page once more, through Chromium.
             self.crawler.stats.inc_value("playwright/fallback")

@@ -502,6 +502,36 @@ def test_the_scheduler_refuses_urls_no_node_should_fetch(
     assert crawler.stats.get_value(f"frontier/refused/{reason}") == 1
 
 
+def test_a_child_request_never_carries_its_pages_revisit_record(
+    redis_url: str, redis_client: redis.Redis, keyspace: KeySpace
+) -> None:
+    """A child made with meta=response.meta (or request.replace()) would carry its page's
+    record and validators through Redis: its fetch would then judge the page's items gone by
+    what the child yields, and send the page's ETag for another URL."""
+    from project.frontier.meta import REVISIT_META_KEY
+    from project.frontier.site_queues import queued_requests
+
+    crawler = _crawler(redis_url, keyspace, FRONTIER_FOLLOW="any")
+    record = {"etag": '"v1"', "items": [["products", "http://shop.test/product/1"]], "t": 5.0}
+    child = Request("http://shop.test/product/2", meta={REVISIT_META_KEY: record},
+                    headers={"If-None-Match": '"v1"'})  # fmt: skip
+
+    async def main() -> bool:
+        scheduler = build_from_crawler(FleetScheduler, crawler)
+        await maybe_deferred_to_future(scheduler.open(crawler.spider))
+        try:
+            return scheduler.enqueue_request(child)  # sent by the close's last step
+        finally:
+            await maybe_deferred_to_future(scheduler.close("finished"))
+
+    assert asyncio.run(main()) is True
+    keys = keyspace.keys("products")
+    ((payload, _),) = queued_requests(redis_client, keys, "shop.test")
+    assert b"revisit" not in payload
+    assert b"If-None-Match" not in payload
+    assert b"v1" not in payload
+
+
 def test_fast_discovery_settles_every_lease_without_a_reap(
     redis_url: str, redis_client: redis.Redis, keyspace: KeySpace, make_shop
 ) -> None:

@@ -25,6 +25,7 @@ from project.frontier.revisit import (
     RevisitConfig,
     RevisitLinksMiddleware,
     RevisitMiddleware,
+    RevisitParseGuard,
     gone_refs,
     parse_duration,
     revisit_entries,
@@ -335,7 +336,7 @@ def test_the_layout_upgrade_counts_each_sites_revisit_records(
 
 def _fetched(status: int | None, yielded: list[list[str]], **out: Any) -> Request:
     """A request whose page gave items a, b and c last time, fetched now as given."""
-    last = {"h": "x", "items": [["p", "a"], ["p", "b"], ["q", "c"]]}
+    last = {"h": "x", "items": [["p", "a"], ["p", "b"], ["q", "c"]], "t": 1_700_000_000.5}
     record = {"h": "y", "i": 1000, "items": yielded}
     meta = {REVISIT_META_KEY: last, REVISIT_OUT_META_KEY: {"fp": b"f", "interval": 1.0,
                                                           "record": record, **out}}  # fmt: skip
@@ -360,20 +361,42 @@ def _fetched(status: int | None, yielded: list[list[str]], **out: Any) -> Reques
         (500, [], {}, []),
         (None, [], {"parsed": True}, []),
         (302, [], {"parsed": True}, []),
+        # a page that answers "accepted", "no content" or a part shows not all it has
+        (202, [], {"parsed": True}, []),
+        (204, [], {"parsed": True}, []),
+        (206, [], {"parsed": True}, []),
     ],
 )
 def test_an_item_is_gone_only_on_evidence_from_its_page(
     status: int | None, yielded: list[list[str]], out: dict[str, Any], gone: list[Any]
 ) -> None:
-    assert gone_refs(_fetched(status, yielded, **out)) == gone
+    refs, before = gone_refs(_fetched(status, yielded, **out))
+    assert refs == gone
+    if gone:  # not seen after the page's last fetch named them: the moment it settled
+        assert before == 1_700_000_000.5
+
+
+def test_a_callback_that_says_it_could_not_read_its_page_tells_nothing_gone() -> None:
+    request = _fetched(200, [], parsed=True)
+    assert gone_refs(request)[0]
+    request.meta["revisit_unsure"] = True  # the products spider, when Chromium shows nothing
+    assert gone_refs(request) == ([], None)
+
+
+def test_a_record_without_its_fetch_time_is_no_evidence() -> None:
+    """Records written before fleetcrawl stamped them (``t``), or with a garbage one."""
+    for t in (None, "soon", True, -5, 1e300):
+        request = _fetched(404, [])
+        request.meta[REVISIT_META_KEY]["t"] = t
+        assert gone_refs(request) == ([], None), t
 
 
 def test_no_last_record_or_a_garbage_one_is_no_evidence() -> None:
     request = Request("http://s/p/1", meta={REVISIT_OUT_META_KEY: {"status": 404, "record": {}}})
-    assert gone_refs(request) == []
-    for last in ({"items": "all"}, {"items": [[1, 2], "x", ["a"]]}, "text", None):
+    assert gone_refs(request) == ([], None)
+    for last in ({"items": "all", "t": 5.0}, {"items": [[1, 2], "x", ["a"]]}, "text", None):
         meta = {REVISIT_META_KEY: last, REVISIT_OUT_META_KEY: {"status": 404, "record": {}}}
-        assert gone_refs(Request("http://s/p/1", meta=meta)) == []
+        assert gone_refs(Request("http://s/p/1", meta=meta)) == ([], None)
 
 
 def test_a_page_whose_item_was_dropped_or_that_raised_tells_nothing_gone() -> None:
@@ -382,10 +405,10 @@ def test_a_page_whose_item_was_dropped_or_that_raised_tells_nothing_gone() -> No
     for signal in (signals.item_dropped, signals.item_error, signals.spider_error):
         request = _fetched(200, [], parsed=True)
         response = HtmlResponse(request.url, body=b"", request=request)
-        assert gone_refs(request) != []
+        assert gone_refs(request)[0]
         crawler.signals.send_catch_log(signal, item={}, response=response, spider=crawler.spider,
                                        exception=ValueError("x"), failure=None)  # fmt: skip
-        assert gone_refs(request) == [], signal
+        assert gone_refs(request) == ([], None), signal
     del middleware
 
 
@@ -399,7 +422,23 @@ def test_a_parse_that_asks_for_its_own_page_again_tells_nothing_gone() -> None:
         response = HtmlResponse(request.url, body=b"", request=request)
         other = request.url if again else "http://s/p/2"
         list(links.process_spider_output(response, [Request(other, dont_filter=True)]))
-        assert gone_refs(request) == gone
+        assert gone_refs(request)[0] == gone
+    # the same URL asked with another body (an API's next page) is another request
+    request = _fetched(200, [])
+    response = HtmlResponse(request.url, body=b"", request=request)
+    nxt = Request(request.url, method="POST", body=b'{"page":2}')
+    list(links.process_spider_output(response, [nxt]))
+    assert gone_refs(request)[0]
+
+
+def test_a_callback_error_a_middleware_swallows_is_still_no_evidence() -> None:
+    """RevisitParseGuard, next to the spider, hears the exception first."""
+    crawler = get_crawler(_Spider, {"FRONTIER_REVISIT": {".": "1h"}})
+    guard = RevisitParseGuard.from_crawler(crawler)
+    request = _fetched(200, [], parsed=True)
+    response = HtmlResponse(request.url, body=b"", request=request)
+    assert guard.process_spider_exception(response, ValueError("x")) is None
+    assert gone_refs(request) == ([], None)
 
 
 def test_the_fleet_clock_keeps_the_offset_of_its_shortest_recent_round_trip() -> None:
@@ -446,7 +485,9 @@ def test_hostile_validators_are_not_sent_back(etag: bytes) -> None:
     record = request.meta[REVISIT_OUT_META_KEY]["record"]
     assert "etag" not in record
     assert "lm" not in record
-    (entry,) = revisit_entries(request, "s", b'{"url":"http://s/p/1","revisit":{"h":"x"}}')
+    (entry,) = revisit_entries(
+        request, "s", b'{"url":"http://s/p/1","revisit":{"h":"x"}}', 1_700_000_000.0
+    )
     assert b"\n" not in entry[2].split(b"\n", 3)[2]  # the record is one line
     assert json.loads(entry[2].split(b"\n", 3)[3]) == {"url": "http://s/p/1"}
 
@@ -570,10 +611,13 @@ def test_the_store_marks_gone_only_what_was_not_seen_since_and_records_each_once
         await store.open()
         await store.save_product(make_product(1), seen=1_000_000.0)
         await store.save_product(make_product(2), seen=3_000_000.0)  # seen after the evidence
+        # a page that named both at 2,000,000 no longer does: product 2 was seen since
         await store.gone([("products", one), ("products", two), ("products", "nope")],
-                         at=2_000_000.0)  # fmt: skip
-        await store.gone([("products", one)], at=2_500_000.0)  # gone already: a replay
-        crawler.signals.send_catch_log(items_gone, refs=[("products", two)])  # now: later
+                         before=2_000_000.0, at=2_100_000.0)  # fmt: skip
+        await store.gone([("products", one)], before=2_000_000.0, at=2_500_000.0)  # a replay
+        # evidence from a page that named product 2 after its sighting: gone, at the store's
+        # clock (now)
+        crawler.signals.send_catch_log(items_gone, refs=[("products", two)], before=3_500_000.0)
         deadline = time.monotonic() + 10
         while crawler.stats.get_value("mongo/gone_evidence", 0) < 5 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -584,7 +628,7 @@ def test_the_store_marks_gone_only_what_was_not_seen_since_and_records_each_once
     first, second = mongo.products.find_one({"_id": one}), mongo.products.find_one({"_id": two})
     assert first is not None
     assert second is not None
-    assert first["gone_at"].replace(tzinfo=UTC) == datetime.fromtimestamp(2_000_000, UTC)
+    assert first["gone_at"].replace(tzinfo=UTC) == datetime.fromtimestamp(2_100_000, UTC)
     # not by the evidence older than its sighting; by the signal's, at the store's clock (now)
     assert second["gone_at"].replace(tzinfo=UTC) > datetime.fromtimestamp(3_000_000, UTC)
     changes = list(mongo.changes.find({"field": "gone_at"}))
@@ -628,7 +672,7 @@ def test_a_redirected_page_also_records_the_url_its_links_name() -> None:
     payload = (
         b'{"url":"http://s/new","meta":{"redirect_urls":["http://s/old"],"redirect_times":1,"k":2}}'
     )
-    own, first = revisit_entries(request, "s", payload)
+    own, first = revisit_entries(request, "s", payload, 1_700_000_000.0)
     assert own[0] == b"http://s/new"
     assert json.loads(own[2].split(b"\n", 3)[2])["etag"] == '"e"'
     assert first[0] == b"http://s/old"

@@ -337,8 +337,9 @@ class FrontierLoop:
             outcome = request.meta.get(OUTCOME_META_KEY)
             node = self.config.node_id
             settle_request(
-                request, lease, outcome, self.settlements, self.crawler, self.spider, node
-            )
+                request, lease, outcome, self.settlements, self.crawler, self.spider, node,
+                self.clock.now(),
+            )  # fmt: skip
 
     # -- one round trip ----------------------------------------------------------
 

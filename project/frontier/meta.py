@@ -13,6 +13,7 @@ __all__ = [
     "RETRY_COPY_META_KEY",
     "REVISIT_META_KEY",
     "REVISIT_OUT_META_KEY",
+    "REVISIT_UNSURE_META_KEY",
     "ROBOTS_LOCK_META_KEY",
     "ROBOTS_SITE_META_KEY",
     "SEED_META_KEY",
@@ -32,6 +33,10 @@ RETRY_COPY_META_KEY = "_frontier_retry_copy"
 REVISIT_META_KEY = "_fleet_revisit"
 #: What this fetch leaves for the next one: sent with the request's acknowledgement.
 REVISIT_OUT_META_KEY = "_fleet_revisit_out"
+#: Set by a callback that could not read its page (``response.meta["revisit_unsure"] =
+#: True``: a render that failed, an error answered with 200): what it yielded is not all the
+#: page has, so its fetch marks nothing gone (project/frontier/revisit.py).
+REVISIT_UNSURE_META_KEY = "revisit_unsure"
 #: The fleet's fetch lock of a robots.txt request.
 ROBOTS_LOCK_META_KEY = "_fleet_robots_lock"
 #: The site whose robots.txt a request fetches: meta survives redirects, so a copy that came

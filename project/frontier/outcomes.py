@@ -32,12 +32,13 @@ def settle_request(
     crawler: Crawler,
     spider: Spider,
     node: str,
+    now: float,
 ) -> None:
     """Queue the settlement of *lease*, whose *request* left the engine with *outcome*
-    (None: done; else what the retry and robots middlewares decided)."""
+    (None: done; else what the retry and robots middlewares decided); *now*: Redis' time."""
     if outcome is None:
         settlements.add(ack=lease.member)
-        for revisit in revisit_entries(request, lease.site, lease.payload):
+        for revisit in revisit_entries(request, lease.site, lease.payload, now):
             settlements.add(revisit=revisit)
         mark_gone(crawler, request)
         return

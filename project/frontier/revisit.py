@@ -29,7 +29,11 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from project.config import read_settings, setting
-from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
+from project.frontier.meta import (
+    REVISIT_META_KEY,
+    REVISIT_OUT_META_KEY,
+    REVISIT_UNSURE_META_KEY,
+)
 from project.frontier.signals import (
     item_stored_ref,
     items_gone,
@@ -54,6 +58,7 @@ __all__ = [
     "RevisitConfig",
     "RevisitLinksMiddleware",
     "RevisitMiddleware",
+    "RevisitParseGuard",
     "gone_refs",
     "mark_gone",
     "parse_duration",
@@ -252,40 +257,54 @@ def touch_items(crawler: Crawler, records: list[bytes]) -> None:
         crawler.signals.send_catch_log(items_still_there, refs=refs)
 
 
-def gone_refs(request: Request) -> list[tuple[str, str]]:
-    """Items of the page's last fetch that this fetch shows gone: all of them when it answered
-    404 or 410; those it no longer yielded when it answered 2xx and was parsed to its end with
-    every item it yielded stored and named. Anything else (a 304, an error, a retry, a parse
-    that raised, an item dropped or not named) is no evidence: none."""
+#: Statuses of a page that shows what it has (not 202 Accepted, 204 No Content, 206 Partial).
+_WHOLE_STATUSES = frozenset({200, 203})
+
+
+def gone_refs(request: Request) -> tuple[list[tuple[str, str]], float | None]:
+    """Items of the page's last fetch that this fetch shows gone, and the moment that fetch
+    was settled (Redis' time, the record's ``t``): no item seen after it anywhere is gone.
+
+    All of them when it answered 404 or 410; those it no longer yielded when it answered 200
+    or 203 and was parsed to its end, with every item it yielded stored and named. Anything
+    else (a 304, an error, a retry, a parse that raised or said ``revisit_unsure``, an item
+    dropped or not named, a record without ``t``) is no evidence: none."""
     out, last = request.meta.get(REVISIT_OUT_META_KEY), _record(request)
     if not isinstance(out, dict) or last is None:
-        return []
-    old = _refs(last.get("items"))
-    status = out.get("status")
-    if not old or not isinstance(status, int):
-        return []
+        return [], None
+    old, before, status = _refs(last.get("items")), last.get("t"), out.get("status")
+    if not old or not isinstance(status, int) or not isinstance(before, int | float):
+        return [], None
+    if isinstance(before, bool) or not 0 < before < 1e11:
+        return [], None
     if status in _FORGET_STATUSES:
-        return old
-    if not (200 <= status < 300 and out.get("parsed")) or out.get("unsure"):
-        return []
+        return old, float(before)
+    if status not in _WHOLE_STATUSES or not out.get("parsed") or out.get("unsure"):
+        return [], None
+    if request.meta.get(REVISIT_UNSURE_META_KEY):
+        return [], None
     yielded = set(_refs(out["record"].get("items")))
-    return [ref for ref in old if ref not in yielded]
+    return [ref for ref in old if ref not in yielded], float(before)
 
 
 def mark_gone(crawler: Crawler, request: Request) -> int:
     """Tell the store which items of *request*'s page are gone (:func:`gone_refs`)."""
-    refs = gone_refs(request)
+    refs, before = gone_refs(request)
     if refs:
-        crawler.signals.send_catch_log(items_gone, refs=refs)
+        crawler.signals.send_catch_log(items_gone, refs=refs, before=before)
     return len(refs)
 
 
-def revisit_entries(request: Request, site: str, payload: bytes) -> list[tuple[bytes, int, bytes]]:
+def revisit_entries(
+    request: Request, site: str, payload: bytes, now: float
+) -> list[tuple[bytes, int, bytes]]:
     """The revisit section entries (lua/step/revisit.lua) of a fetched request: its own, and
-    the first URL of its redirects' (fetched again next time, that one leads here again)."""
+    the first URL of its redirects' (fetched again next time, that one leads here again).
+    *now*: Redis' time as the request settles, after its items were stored (``t``)."""
     out = request.meta.get(REVISIT_OUT_META_KEY)
     if not isinstance(out, dict):
         return []
+    out["record"]["t"] = round(now, 3)
     record = json.dumps(out["record"], separators=(",", ":"), ensure_ascii=True)
     head = f"{site}\n{request.priority}\n".encode()
     entries = [(out["fp"], int(out["interval"] * 1000), head + record.encode() + b"\n"
@@ -321,7 +340,12 @@ class RevisitLinksMiddleware:
         out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
         if not isinstance(out, dict):
             return
-        if output.url == response.url:
+        request = response.request
+        if request is not None and (output.url, output.method, output.body) == (
+            request.url,
+            request.method,
+            request.body,
+        ):
             # the page asked for itself again (through Chromium, say): that request yields
             # its items, so this parse is no evidence that any is gone
             out["unsure"] = True
@@ -352,6 +376,25 @@ class RevisitLinksMiddleware:
             self._saw(response, output)
             yield output
         self._parsed(response)
+
+
+class RevisitParseGuard:
+    """Spider middleware next to the spider: a callback that raised is no evidence that its
+    page's items are gone, even when a middleware further out swallows the exception (then
+    the output ends as if the parse had finished, and no ``spider_error`` is sent)."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not RevisitConfig.from_settings(crawler.settings).rules:
+            raise NotConfigured
+        return cls()
+
+    def process_spider_exception(
+        self, response: Response, exception: BaseException, spider: Spider | None = None
+    ) -> None:
+        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
+        if isinstance(out, dict):
+            out["unsure"] = True
 
 
 class RevisitMiddleware:

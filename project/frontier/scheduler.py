@@ -390,8 +390,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         # A redirect of a request this node holds: its lease is settled when the
         # original leaves the engine.
         request.meta.pop(LEASE_META_KEY, None)
-        if "redirect_urls" in request.meta and request.meta.pop(REVISIT_META_KEY, None):
-            # another URL: the validators of the one it came from do not apply to it
+        if request.meta.pop(REVISIT_META_KEY, None) is not None:
+            # a redirect, or a child that copied its page's meta (meta=response.meta,
+            # request.replace()): that page's record and validators are not this request's
+            # (its items would be judged gone by what the child yields)
             for header in (b"If-None-Match", b"If-Modified-Since"):
                 request.headers.pop(header, None)
         seed = request.meta.pop(SEED_META_KEY, False)

@@ -110,12 +110,14 @@ def touch_record(collection: str, ids: list[str], *, database: str, seen: float)
 
 
 def gone_record(
-    collection: str, ids: list[str], *, database: str, at: float, crawl_id: str, spider: str
-) -> Record:
+    collection: str, ids: list[str], *, database: str, at: float, before: float,
+    crawl_id: str, spider: str,
+) -> Record:  # fmt: skip
     """The record of items their page no longer has (project/frontier/revisit.py's evidence):
-    ``gone_at`` *at*, unless seen since (``last_seen`` from *at* on) or gone already."""
+    ``gone_at`` *at*, unless gone already or seen after *before* (the page's last fetch that
+    named them: another page, or a sighting since, keeps them)."""
     return {"db": database, "kind": "gone", "collection": collection, "ids": ids, "seen": at,
-            "crawl_id": crawl_id, "spider": spider}  # fmt: skip
+            "before": before, "crawl_id": crawl_id, "spider": spider}  # fmt: skip
 
 
 def refused_reject(record: Record, reason: str, products_collection: str) -> Record:
@@ -191,7 +193,10 @@ def well_formed(record: object, database: str) -> bool:
             isinstance(ids, list) and all(isinstance(key, str) for key in ids)
             and isinstance(collection, str) and collection_name_error(collection, database) is None
             and isinstance(record.get("seen"), int | float) and _storable_time(record["seen"])
-            and (record["kind"] == "touch" or isinstance(record.get("crawl_id"), str))
+            and (record["kind"] == "touch" or (
+                isinstance(record.get("crawl_id"), str)
+                and isinstance(record.get("before"), int | float)
+                and _storable_time(record["before"])))
         )  # fmt: skip
     fields: dict[str, Any] = {"id": str, "doc": dict, "seen": int | float}
     if record["kind"] != "reject":

@@ -232,23 +232,26 @@ class MongoStore:
         self._touches.add(task)
         task.add_done_callback(self._touched)
 
-    def mark_gone(self, refs: Sequence[tuple[str, str]]) -> None:
+    def mark_gone(self, refs: Sequence[tuple[str, str]], before: float) -> None:
         """Mark *refs* gone in the background (``items_gone``): the sender does not wait."""
         if not self.config.mark_gone:
             return
-        task = asyncio.ensure_future(self.gone(refs))
+        task = asyncio.ensure_future(self.gone(refs, before=before))
         self._touches.add(task)
         task.add_done_callback(self._touched)
 
-    async def gone(self, refs: Sequence[tuple[str, str]], *, at: float | None = None) -> None:
-        """Items their page no longer has: ``gone_at``, durably, unless seen since *at*."""
+    async def gone(
+        self, refs: Sequence[tuple[str, str]], *, before: float, at: float | None = None
+    ) -> None:
+        """Items their page no longer has: ``gone_at`` *at* (now), durably, unless seen
+        after *before* (the page's last fetch that named them)."""
         by_collection: dict[str, list[str]] = {}
         for collection, key in refs:
             by_collection.setdefault(collection, []).append(key)
         when = self._now() if at is None else at
         for collection, keys in by_collection.items():
             record = gone_record(
-                collection, keys, database=self.config.database, at=when,
+                collection, keys, database=self.config.database, at=when, before=before,
                 crawl_id=self.config.crawl_id, spider=self.config.spider,
             )  # fmt: skip
             await self._submit(record)
@@ -257,8 +260,8 @@ class MongoStore:
     def _touched(self, task: asyncio.Future[None]) -> None:
         self._touches.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # the items keep their last_seen: the run's end may call them gone, not lose them
-            logger.error("could not keep %s alive: %s", "items", task.exception())
+            # a touch or a gone mark not written: the items keep what they had
+            logger.error("could not touch or mark items: %s", task.exception())
 
     async def touch(self, refs: Sequence[tuple[str, str]], *, seen: float | None = None) -> None:
         """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""

@@ -245,18 +245,21 @@ class BatchWriter:
     async def _gone(self, record: Record) -> None:
         """Mark items their page no longer has: ``gone_at``, and a change each.
 
-        Only those not gone already and not seen since the evidence (``last_seen`` before
-        it: both are Redis' time, project/frontier/clock.py); at most 50 ids a command, as
-        :meth:`_touch`. A replayed record finds them gone already and adds nothing.
+        Only those not gone already and not seen after the page's last fetch that named
+        them (``last_seen`` up to ``before``: both Redis' time, project/frontier/clock.py),
+        so an item another page yields, or yielded since, stays; at most 50 ids a command,
+        as :meth:`_touch`. A replayed record finds them gone already and adds nothing.
         """
         name, at = record["collection"], from_ms(to_ms(record["seen"]))
+        before = from_ms(to_ms(record["before"]))
         collection, ids = self._database[name], sorted(set(record["ids"]))
-        docs = []
+        docs, marked_now = [], 0
         for start in range(0, len(ids), _MAX_OPS_PER_COMMAND):
             chunk = ids[start : start + _MAX_OPS_PER_COMMAND]
-            query = {"_id": {"$in": chunk}, "gone_at": {"$exists": False}, "last_seen": {"$lt": at}}
+            query = {"_id": {"$in": chunk}, "gone_at": {"$exists": False},
+                     "last_seen": {"$lte": before}}  # fmt: skip
             try:
-                await collection.update_many(query, {"$set": {"gone_at": at}})
+                result = await collection.update_many(query, {"$set": {"gone_at": at}})
                 marked = [doc["_id"] async for doc in collection.find(
                     {"_id": {"$in": chunk}, "gone_at": at}, {"_id": 1})]  # fmt: skip
             except OperationFailure as exc:
@@ -264,14 +267,15 @@ class BatchWriter:
                     raise  # an outage: the batch goes to the journal and comes back
                 self._stats.inc_value("mongo/write_errors")
                 logger.error("MongoDB refused to mark items of %s gone: %s", name, exc)
-                return
+                break  # the change docs of the chunks marked before it still go
+            marked_now += result.modified_count
             docs += [
                 {"_id": f"{key}|gone_at|{to_ms(record['seen'])}|{name}", "item_id": key,
                  "collection": name, "field": "gone_at", "old": None, "new": at, "at": at,
                  "crawl_id": record["crawl_id"], "spider": record.get("spider", "")}
                 for key in marked
             ]  # fmt: skip
-        self._stats.inc_value("mongo/gone", len(docs))
+        self._stats.inc_value("mongo/gone", marked_now)  # a replay marks none again
         if docs:
             groups: list[_Group] = [[] for _ in docs]
             await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)

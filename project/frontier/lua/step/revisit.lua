@@ -122,7 +122,7 @@ do
         redis.call('HSET', K.revisit, fp, table.concat(parts, '\n'))
         redis.call('HDEL', MISSED, fp) -- still linked: its misses start again
         -- not due: still linked, so what its page gave last time is still there (the node
-        -- bumps those items' last_seen, or the run's end would mark them gone)
+        -- bumps those items' last_seen)
         if due > now then return nil, parts[5] end
         redis.call('ZADD', K.due, now + (tonumber(parts[1]) or 0), fp)
         return with_record(payload, parts[5])
