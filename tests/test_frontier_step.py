@@ -280,6 +280,36 @@ def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
     assert redis_client.hgetall(keys.permits_of("node-b")) == {b"s": b"1"}
 
 
+def test_a_heartbeats_permit_table_corrects_what_redis_counts_for_its_node(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """A step whose reply the node never read granted a permit at cap 1: the site would
+    never be leased again. The node's next heartbeat says it holds none, and the permit goes
+    back to the fleet; where the node counts more than Redis, the reply says so."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(3)]))
+        assert len((await a.step(StepBatch(want=3))).leased) == 1  # its reply "lost"
+        assert (await b.step(StepBatch(want=3))).leased == []  # the site is at its cap
+        fixed = await a.step(StepBatch(permit_table=[], permit_check=True))
+        assert (fixed.permits_fixed, fixed.permits_held) == (1, [])
+        assert redis_client.hget(keys.active, "s") is None
+        assert not redis_client.sismember(keys.capped, "s")
+        assert len((await b.step(StepBatch(want=3))).leased) == 1  # leased again
+        # node b counts two permits of s, Redis one: it is told it holds one; a table
+        # that matches changes nothing
+        told = await b.step(StepBatch(permit_table=[("s", 2), ("t", 1)], permit_check=True))
+        assert (told.permits_fixed, sorted(told.permits_held)) == (0, [("s", 1), ("t", 0)])
+        same = await b.step(StepBatch(permit_table=[("s", 1)], permit_check=True))
+        assert (same.permits_fixed, same.permits_held) == (0, [])
+        assert redis_client.hget(keys.active, "s") == b"1"
+        # no table sent (permit_check off): nothing is corrected
+        assert (await b.step(StepBatch())).permits_fixed == 0
+        assert redis_client.hget(keys.active, "s") == b"1"
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=1))
+
+
 def test_permits_of_a_node_that_stopped_stepping_go_back(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:

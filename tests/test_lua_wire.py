@@ -118,6 +118,7 @@ def test_every_option_the_node_sends_is_in_the_header() -> None:
         revisit_due=5,
         sweep=5,
         revisit_limits=(1, 1, 1, 1),
+        permit_check=True,
     )
     sent = set(json.loads(_Queue()._options(batch)))
     assert sent == described
@@ -137,7 +138,7 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
         ("added", 2), ("duplicates", 1), ("offsite", 0), ("duplicate_at", [b"0"]),
         ("rediscovered", 0), ("still_linked", []), ("stale", 0), ("reaped", 0),
         ("promoted", 0), ("poisoned", []), ("handed_out", 0), ("revisits_capped", 0),
-        ("revisits_forgotten", 0),
+        ("revisits_forgotten", 0), ("permits_fixed", 0), ("permits_held", [b"s", 1]),
         ("leased", [b"s", b"{}", b"-5"]), ("permits", [b"s", 1]),
         ("shares", [b"s", 2, 1]), ("rejoined", 1), ("seeds", []), ("seeds_kind", b"S"),
         ("start_held", 0), ("counts", [b"queued", 1, b"delayed", 0, b"inflight", 1,

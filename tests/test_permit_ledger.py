@@ -67,6 +67,18 @@ def test_a_reclaimed_ledger_holds_no_permit_but_keeps_its_downloads() -> None:
     assert ledger.slots() == 8
 
 
+def test_the_permit_table_is_sent_after_give_backs_and_corrected_to_what_redis_counts() -> None:
+    ledger = PermitLedger(concurrency=8, prefetch=0)
+    ledger.apply([], [("a", 4), ("b", 1)], {"a": 2})
+    assert ledger.table([("a", 2)]) == [("a", 2), ("b", 1)]
+    # Redis counts 1 of a after the step's give-back of 2, and none of b
+    assert ledger.correct([("a", 1), ("b", 0)], [("a", 2)]) == 2
+    ledger.apply([("a", 2)], [], {})
+    assert dict(ledger.permits) == {"a": 1}
+    assert ledger.correct([("a", 5)], []) == 0, "never more than the node counts itself"
+    assert dict(ledger.permits) == {"a": 1}
+
+
 def test_a_site_done_with_is_forgotten() -> None:
     ledger = PermitLedger(concurrency=8, prefetch=0)
     (request,) = _lease(ledger, "a", 1.0)

@@ -241,6 +241,29 @@ class PermitLedger:
             self.busy.pop(site, None)
             self.shares.pop(site, None)
 
+    def table(self, give_back: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The permits this node holds, per site, once *give_back* went (a step's table)."""
+        held = Counter(self.permits)
+        for site, n in give_back:
+            held[site] -= n
+        return sorted((site, n) for site, n in held.items() if n > 0)
+
+    def correct(
+        self, counted: Iterable[tuple[str, int]], give_back: Iterable[tuple[str, int]]
+    ) -> int:
+        """Redis counts fewer permits for this node than it does (*counted*, after the
+        step's *give_back*): it holds what Redis counts. Returns the permits dropped."""
+        back = Counter(dict(give_back))
+        dropped = 0
+        for site, n in counted:
+            keep = n + back[site]  # apply() takes the give-back off next
+            if self.permits[site] > keep:
+                dropped += self.permits[site] - keep
+                self.permits[site] = keep
+                if keep <= 0:
+                    del self.permits[site]
+        return dropped
+
     def reclaimed(self) -> int:
         """The fleet took every permit back (this node stalled past its lease): it holds
         none; downloads it started before count for no permit. Returns the permits lost."""

@@ -378,6 +378,10 @@ class FrontierLoop:
             batch.heartbeat += self._live_leases(now)
             # Leases waiting for their children to reach Redis are still held.
             batch.heartbeat += self.settlements.waiting(settled)
+            # and the permits this node holds, as it counts them after this step's give-backs:
+            # Redis corrects to them (a reply lost, a step replayed, permits taken back)
+            batch.permit_table = self.ledger.table(batch.give_back)
+            batch.permit_check = True
         batch.maintain = now - self._last_maintenance >= config.maintenance_seconds
         if batch.maintain and config.keep_alive and not closing:
             batch.revisit_due = _REVISITS_PER_MAINTENANCE
@@ -472,6 +476,17 @@ class FrontierLoop:
                 lost,
                 extra={"spider": self.spider},
             )
+        if result.permits_fixed:
+            self._count("frontier/permits/corrected", result.permits_fixed)
+            logger.warning(
+                "Redis counted %d download permits for this node that it never heard of (a"
+                " reply lost): they went back to the fleet",
+                result.permits_fixed,
+                extra={"spider": self.spider},
+            )
+        if result.permits_held:
+            dropped = ledger.correct(result.permits_held, batch.give_back)
+            self._count("frontier/permits/dropped", dropped)
         returned = [*batch.give_back, *result.spare_back]
         granted = sum(n for _, n in result.permits)
         self._walk_open = bool(batch.enqueue) or granted >= (batch.slots or 0) > 0

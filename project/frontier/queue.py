@@ -32,6 +32,7 @@ SECTIONS: Final = (
     ("revisit", "revisits", ("fingerprint", "interval_ms", "record")),
     ("heartbeat", "heartbeat", ("member",)),
     ("give_back", "give_back", ("site", "permits")),
+    ("permit_table", "permit_table", ("site", "permits")),
     ("pause", "pauses", ("site", "pause_ms")),
     ("latency", "latency", ("site", "seconds", "samples")),
     ("ahead", "ahead", ("site", "requests", "permits", "held", "spare")),
@@ -52,6 +53,8 @@ REPLY: Final = (
     "handed_out",
     "revisits_capped",
     "revisits_forgotten",
+    "permits_fixed",
+    "permits_held",
     "leased",
     "permits",
     "shares",
@@ -128,6 +131,10 @@ class StepBatch:
     #: revisits of URLs the crawl run has not seen (FRONTIER_REVISIT_SWEEP: a page no longer
     #: linked is fetched once more).
     sweep: int = 0
+    #: This node's whole table of permits (site, n), after ``give_back``: Redis corrects
+    #: its counts to it (``permit_check``: the table is sent, even empty). Each heartbeat.
+    permit_table: list[tuple[str, int]] = field(default_factory=list)
+    permit_check: bool = False
     #: (records in all, of one site, runs and ms a record may go unrediscovered): the caps
     #: and the forgetting of revisit records, sent with revisits or a sweep
     revisit_limits: tuple[int, int, int, int] | None = None
@@ -181,6 +188,10 @@ class StepResult:
     revisits_capped: int = 0
     #: Revisit records the sweep forgot (FRONTIER_REVISIT_FORGET_RUNS, ..._FORGET_AFTER).
     revisits_forgotten: int = 0
+    #: With a permit table: permits Redis counted for this node beyond it, given back.
+    permits_fixed: int = 0
+    #: With a permit table: (site, permits Redis counts) where this node counts more.
+    permits_held: list[tuple[str, int]] = field(default_factory=list)
     #: Records of URLs rediscovered before their revisit is due: their items are still there.
     still_linked: list[bytes] = field(default_factory=list)
     #: This node was no permit holder when the step began (its first step, or it stalled
@@ -274,6 +285,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["revisit"] = batch.revisit_due
         if batch.sweep:
             options["sweep"] = batch.sweep
+        if batch.permit_check:
+            options["permit_table"] = True
         if batch.revisit_limits and (batch.sweep or batch.revisits):
             options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
@@ -335,6 +348,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
     """lua/step.lua's reply, name/value pairs, by name."""
     reply = {_text(raw[j]): raw[j + 1] for j in range(0, len(raw), 2)}
     leased, permits, shares = reply["leased"], reply["permits"], reply["shares"]
+    held = reply["permits_held"]
     counts = reply["counts"]
     named = {_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)}
     wait = reply["wait_ms"]
@@ -372,6 +386,10 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         handed_out=int(reply["handed_out"]),
         revisits_capped=int(reply["revisits_capped"]),
         revisits_forgotten=int(reply["revisits_forgotten"]),
+        permits_fixed=int(reply["permits_fixed"]),
+        permits_held=[
+            (_text(held[j]), int(held[j + 1])) for j in range(0, len(held), _PERMITS_WIDTH)
+        ],
         still_linked=list(reply["still_linked"]),
         rejoined=bool(reply["rejoined"]),
         now_ms=int(reply["now"]),

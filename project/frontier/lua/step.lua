@@ -57,6 +57,8 @@
                                each (step/enqueue.lua)
                revisit         with maintain: hand out up to this many due revisits
                                (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               permit_table    true: the permit_table section is this node's whole table
+                               of permits (each heartbeat); Redis corrects to it
                revisit_limits  {records in all, of a site, runs and ms a record may go
                                unrediscovered}: FRONTIER_REVISIT_MAX_URLS and the like
                sweep           with count, when the fleet has nothing left: queue up to
@@ -66,7 +68,7 @@
                                CODE.start_end: its start() is over and its requests are
                                in (this step enqueues the last)
     ARGV[2..] the sections, each described by the phase that reads it: enqueue, ack,
-              retry, dead, revisit, heartbeat, give_back, pause, latency, ahead
+              retry, dead, revisit, heartbeat, give_back, permit_table, pause, latency, ahead
 
   Reply: name/value pairs {name, value, name, value, ...}:
     added         requests queued
@@ -83,6 +85,9 @@
     handed_out    due revisits queued by maintenance (options.revisit) or the sweep
     revisits_capped     new revisit records left out by the caps (options.revisit_limits)
     revisits_forgotten  revisit records the sweep forgot (not rediscovered for long)
+    permits_fixed  with permit_table: permits Redis counted for this node beyond its table,
+                  given back (step/permits.lua)
+    permits_held  with permit_table: {site, n, ...} where the node counts more than Redis
     leased        {site, payload, score, ...}
     permits       download permits granted {site, n, ...}
     shares        {site, share, back, ...} for each site of the ahead section: this
@@ -136,6 +141,8 @@ local revisits_capped = Revisit.record(S.revisit, now, opt.revisit_limits)
 local revisits_forgotten = 0
 Heartbeat.run(S.heartbeat, deadline)
 PermitsBack.run(S.give_back, opt.node)
+local permits_fixed, permits_held = 0, {}
+if opt.permit_table then permits_fixed, permits_held = PermitsBack.reconcile(S.permit_table, opt.node) end
 Pause.run(S.pause, now, limits)
 Latency.run(S.latency)
 
@@ -185,6 +192,7 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'rediscovered', rediscovered, 'still_linked', still, 'stale', stale,
         'reaped', reaped, 'promoted', promoted, 'poisoned', poisoned, 'handed_out', handed_out,
         'revisits_capped', revisits_capped, 'revisits_forgotten', revisits_forgotten,
+        'permits_fixed', permits_fixed, 'permits_held', permits_held,
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now}
