@@ -186,7 +186,7 @@ def test_items_a_killed_node_journaled_are_not_marked_gone(
     fleet.start_node(MONGO_URI=cut_uri, MONGO_OUTBOX_MAX_BYTES=0, MONGO_RETRY_MAX_DELAY=1.0,
                      MONGO_SERVER_SELECTION_TIMEOUT=1.0, CONCURRENT_REQUESTS=2,
                      MONGO_JOURNAL_DIR=str(tmp_path / "j1"), **WAIT_FOR_SEED)  # fmt: skip
-    fleet.start_node(CONCURRENT_REQUESTS=2)
+    fleet.start_node(CONCURRENT_REQUESTS=2, **WAIT_FOR_SEED)
     with fleet.client() as client:  # node0 is done: wait_ready would count its exit
         wait_for(lambda: int(client.zcard(fleet.keys.holders)) >= 2, 60, "two nodes stepping")
     fleet.seed(shop.url("/"))
@@ -211,8 +211,8 @@ def test_a_node_whose_clock_is_behind_redis_makes_nothing_look_old(
     _crawl(fleet, shop.url("/"), nodes=1)
     time.sleep(1.2)
     first = len(fleet.procs)
-    fleet.start_node("faketime", "-f", "-120s")
-    fleet.start_node()
+    fleet.start_node("faketime", "-f", "-120s", **WAIT_FOR_SEED)
+    fleet.start_node(**WAIT_FOR_SEED)
     with fleet.client() as client:  # node0 is done: wait_ready would count its exit
         wait_for(lambda: int(client.zcard(fleet.keys.holders)) >= 2, 60, "two nodes stepping")
     fleet.seed(shop.url("/"))
