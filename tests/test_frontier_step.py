@@ -280,6 +280,28 @@ def test_lease_holds_a_site_to_its_fleet_wide_concurrency(
     assert redis_client.hgetall(keys.permits_of("node-b")) == {b"s": b"1"}
 
 
+def test_a_step_sent_again_with_its_seq_runs_once(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """A reply lost and the same batch sent again (the loop does, after an error; redis-py's
+    cluster client may on its own): nothing runs twice, not even an entry that skips the
+    seen-set; the next seq runs."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        batch = StepBatch(enqueue=[entry(1, mode=b"m"), entry(2)], want=1, seq=41)
+        first = await a.step(batch)
+        assert (first.added, len(first.leased), first.replayed) == (2, 1, False)
+        again = await a.step(batch)
+        assert (again.added, again.leased, again.replayed) == (0, [], True)
+        assert int(redis_client.get(keys.queued)) == 1, "queued once"
+        # another node's steps have their own numbers
+        assert not (await b.step(StepBatch(seq=41))).replayed
+        assert not (await a.step(StepBatch(enqueue=[entry(1, mode=b"m")], seq=42))).replayed
+        assert int(redis_client.get(keys.queued)) == 2
+
+    run(redis_url, keys, scenario)
+
+
 def test_a_heartbeats_permit_table_corrects_what_redis_counts_for_its_node(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:

@@ -119,6 +119,7 @@ def test_every_option_the_node_sends_is_in_the_header() -> None:
         sweep=5,
         revisit_limits=(1, 1, 1, 1),
         permit_check=True,
+        seq=7,
     )
     sent = set(json.loads(_Queue()._options(batch)))
     assert sent == described
@@ -143,7 +144,7 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
         ("shares", [b"s", 2, 1]), ("rejoined", 1), ("seeds", []), ("seeds_kind", b"S"),
         ("start_held", 0), ("counts", [b"queued", 1, b"delayed", 0, b"inflight", 1,
                                        b"seeds", 0, b"starting", 0]),
-        ("wait_ms", None), ("now", 1_700_000_000_000),
+        ("wait_ms", None), ("now", 1_700_000_000_000), ("replayed", 0),
     ]  # fmt: skip
     flat = [v for name, value in pairs for v in (name.encode(), value)]
     backwards = [v for name, value in reversed(pairs) for v in (name.encode(), value)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,9 @@ class FrontierLoop:
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
+        self._seq = int.from_bytes(os.urandom(4), "big") << 16  # this process's steps
+        #: (when built, batch, settlements) of a step whose round trip failed: sent again
+        self._unsent: tuple[float, StepBatch, int] | None = None
         self._bloom_fill: BloomFill | None = None
         self.outage = RedisOutage(self.stats, spider, config.redis_name)
 
@@ -344,13 +348,26 @@ class FrontierLoop:
     # -- one round trip ----------------------------------------------------------
 
     async def _step(self, closing: bool = False) -> bool:
-        """One round trip. Returns True when it moved anything."""
-        now = time.monotonic()
-        batch, settled = await self._build(now, closing)
+        """One round trip. Returns True when it moved anything.
+
+        A step whose round trip failed (Redis away, a reply lost) may have run: its batch
+        goes again as it was, with its seq, so Redis runs it at most once (``replayed``).
+        """
+        if self._unsent is not None and not closing:
+            now, batch, settled = self._unsent
+        else:
+            now = time.monotonic()
+            batch, settled = await self._build(now, closing)
+            self._seq += 1
+            batch.seq = self._seq
+        self._unsent = (now, batch, settled)
         sent_at = time.monotonic()  # the holder deadline the step sets counts from about here
         wall_sent = time.time()
         result = await self.queue.step(batch)
+        self._unsent = None
         self.clock.observe(result.now_ms, wall_sent, time.time())
+        if result.replayed:
+            self.stats.inc_value("frontier/steps_replayed")
         self._last_step = sent_at
         self.stats.inc_value("frontier/round_trips")
         moved = self._apply(now, batch, settled, result)

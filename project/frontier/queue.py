@@ -65,6 +65,7 @@ REPLY: Final = (
     "counts",
     "wait_ms",
     "now",
+    "replayed",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -135,6 +136,9 @@ class StepBatch:
     #: its counts to it (``permit_check``: the table is sent, even empty). Each heartbeat.
     permit_table: list[tuple[str, int]] = field(default_factory=list)
     permit_check: bool = False
+    #: The node's number for this step (0: none); a batch sent again after an error keeps
+    #: it, so a step that ran already, its reply lost, does not run twice.
+    seq: int = 0
     #: (records in all, of one site, runs and ms a record may go unrediscovered): the caps
     #: and the forgetting of revisit records, sent with revisits or a sweep
     revisit_limits: tuple[int, int, int, int] | None = None
@@ -201,6 +205,8 @@ class StepResult:
     seen_count: int | None = None
     #: Redis' time of the step, ms (project/frontier/clock.py).
     now_ms: int | None = None
+    #: A step of this batch's seq ran already: this one did nothing.
+    replayed: bool = False
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -287,6 +293,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["sweep"] = batch.sweep
         if batch.permit_check:
             options["permit_table"] = True
+        if batch.seq:
+            options["seq"] = str(batch.seq)  # text: a Lua number loses digits past 14
         if batch.revisit_limits and (batch.sweep or batch.revisits):
             options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
@@ -393,4 +401,5 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         still_linked=list(reply["still_linked"]),
         rejoined=bool(reply["rejoined"]),
         now_ms=int(reply["now"]),
+        replayed=bool(reply["replayed"]),
     )

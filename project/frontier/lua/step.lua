@@ -57,6 +57,9 @@
                                each (step/enqueue.lua)
                revisit         with maintain: hand out up to this many due revisits
                                (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               seq             this node's number for this step, as text (its batch, sent again
+                               after an error keeps it): a step of the seq it ran last
+                               does nothing (replayed)
                permit_table    true: the permit_table section is this node's whole table
                                of permits (each heartbeat); Redis corrects to it
                revisit_limits  {records in all, of a site, runs and ms a record may go
@@ -105,6 +108,7 @@
                   when due revisits are left it has not looked at yet)
     wait_ms       milliseconds until the next throttled site may go, or nil
     now           Redis' time of this step, ms (the fleet's clock: project/frontier/clock.py)
+    replayed      1: a step of this seq ran already; it did nothing (the rest is empty)
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -130,6 +134,17 @@
 --@include step/start.lua
 
 local opt = cjson.decode(ARGV[1])
+if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
+                          'PX', 10 * opt.lease_ms, 'GET') == opt.seq then
+    -- this step ran already (a reply lost, the step sent again): nothing runs twice; what
+    -- the first run granted comes back as its leases expire and its permits by the table
+    return {'added', 0, 'duplicates', 0, 'offsite', 0, 'duplicate_at', {}, 'rediscovered', 0,
+            'still_linked', {}, 'stale', 0, 'reaped', 0, 'promoted', 0, 'poisoned', {},
+            'handed_out', 0, 'revisits_capped', 0, 'revisits_forgotten', 0, 'permits_fixed', 0,
+            'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
+            'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
+            'wait_ms', false, 'now', now_ms(), 'replayed', 1}
+end
 local S = read_sections(opt.sections)
 local limits = opt.limits
 local now = now_ms()
@@ -195,4 +210,5 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'permits_fixed', permits_fixed, 'permits_held', permits_held,
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
-        'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now}
+        'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
+        'replayed', 0}
