@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from project.frontier.claim import StartClaim
 from project.frontier.clock import FleetClock
-from project.frontier.codes import START_END
+from project.frontier.codes import MODE_ALWAYS, START_END
 from project.frontier.ending import CrawlEnd
 from project.frontier.engine import requests_in_progress, wake_engine
 from project.frontier.handover import Handover
@@ -52,6 +52,19 @@ _MAX_SKIPPED_TICKS = 3
 
 #: Due revisits one maintenance hands out (FRONTIER_KEEP_ALIVE).
 _REVISITS_PER_MAINTENANCE = 500
+
+
+def _harmed_by_a_second_run(batch: StepBatch) -> bool:
+    """Whether running *batch*'s step twice would do harm, so it carries a seq (one command
+    more): entries queued whatever was seen, dead letters and retries written twice, permits
+    given back twice (the node would download past the cap until its next permit table).
+    A second run of the rest costs leases that expire and permits the table corrects."""
+    return bool(
+        batch.dead
+        or batch.retries
+        or batch.give_back
+        or any(fp[:1] == MODE_ALWAYS for fp, *_ in batch.enqueue)
+    )
 
 
 class FrontierLoop:
@@ -358,8 +371,9 @@ class FrontierLoop:
         else:
             now = time.monotonic()
             batch, settled = await self._build(now, closing)
-            self._seq += 1
-            batch.seq = self._seq
+            if _harmed_by_a_second_run(batch):
+                self._seq += 1
+                batch.seq = self._seq
         self._unsent = (now, batch, settled)
         sent_at = time.monotonic()  # the holder deadline the step sets counts from about here
         wall_sent = time.time()
