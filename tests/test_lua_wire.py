@@ -120,6 +120,8 @@ def test_every_option_the_node_sends_is_in_the_header() -> None:
         revisit_limits=(1, 1, 1, 1),
         permit_check=True,
         seq=7,
+        join_first=True,
+        seed_want=1,
     )
     sent = set(json.loads(_Queue()._options(batch)))
     assert sent == described

@@ -393,6 +393,8 @@ class FrontierLoop:
         """The batch of one round trip, and how many settlements it carries."""
         config = self.config
         batch = StepBatch(seed_want=0 if closing else self._seed_want())
+        # a fleet that keeps runs takes seeds once in the run (a keep-alive one's begin with work)
+        batch.join_first = self.queue.runs and not config.keep_alive
         if not closing:
             self.ledger.plan(batch, config.batch_max)
         batch.enqueue = self._enqueue[: config.batch_max]

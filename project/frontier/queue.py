@@ -139,6 +139,8 @@ class StepBatch:
     #: The node's number for this step (0: none); a batch sent again after an error keeps
     #: it, so a step that ran already, its reply lost, does not run twice.
     seq: int = 0
+    #: Take seeds only once this node is in the crawl run (the run's seeds count as its own).
+    join_first: bool = False
     #: (records in all, of one site, runs and ms a record may go unrediscovered): the caps
     #: and the forgetting of revisit records, sent with revisits or a sweep
     revisit_limits: tuple[int, int, int, int] | None = None
@@ -293,6 +295,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["sweep"] = batch.sweep
         if batch.permit_check:
             options["permit_table"] = True
+        if batch.join_first and batch.seed_want:
+            options["join_first"] = True
         if batch.seq:
             options["seq"] = str(batch.seq)  # text: a Lua number loses digits past 14
         if batch.revisit_limits and (batch.sweep or batch.revisits):

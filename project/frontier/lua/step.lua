@@ -57,6 +57,8 @@
                                each (step/enqueue.lua)
                revisit         with maintain: hand out up to this many due revisits
                                (FRONTIER_KEEP_ALIVE, step/revisit.lua)
+               join_first      true: take seeds only once this node is in the crawl run
+                               (not a keep-alive fleet, whose runs begin with work)
                seq             this node's number for this step, as text (its batch, sent again
                                after an error keeps it): a step of the seq it ran last
                                does nothing (replayed)
@@ -172,7 +174,14 @@ local ask, budget, got = begin_grant(opt, now, deadline)
 Ahead.run(S.ahead, ask, budget, got, limits)
 Walk.run(ask, budget, got, limits)
 close_grant(got)
-local seeds, seeds_kind = Seeds.take(opt.seed_want, deadline, opt.node)
+local seed_want = opt.seed_want
+if opt.join_first and seed_want > 0
+        and redis.call('SISMEMBER', K.runs .. ':members', opt.node) == 0 then
+    -- seeds wait until this node is in the crawl run (it joins at start): a seed queued
+    -- before the run began would not count as the run's (step/revisit.lua Revisit.seeded)
+    seed_want = 0
+end
+local seeds, seeds_kind = Seeds.take(seed_want, deadline, opt.node)
 local start_held = StartClaim.run(opt.start, opt.node, opt.lease_ms)
 
 local counts = {}
