@@ -205,6 +205,21 @@ def _record(request: Request) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def _out_of(response: Response | None) -> dict[str, Any] | None:
+    """What the fetch of *response*'s request leaves for the next one (RevisitMiddleware
+    put it in its meta), or None."""
+    request = getattr(response, "request", None)
+    out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
+    return out if isinstance(out, dict) else None
+
+
+def _mark_unsure(response: Response | None = None, **_: Any) -> None:
+    """The page's items are not all known: its fetch is no evidence that any is gone."""
+    out = _out_of(response)
+    if out is not None:
+        out["unsure"] = True
+
+
 def _payload_without_record(payload: bytes) -> bytes:
     """The leased payload as first enqueued (a revisit's carries the last record)."""
     if b'"revisit":' not in payload:
@@ -337,11 +352,12 @@ class RevisitLinksMiddleware:
     def _saw(response: Response, output: Any) -> None:
         if not isinstance(output, Request):
             return
-        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
-        if not isinstance(out, dict):
+        out = _out_of(response)
+        if out is None:
             return
         request = response.request
-        if request is not None and (output.url, output.method, output.body) == (
+        assert request is not None  # _out_of found its meta
+        if (output.url, output.method, output.body) == (
             request.url,
             request.method,
             request.body,
@@ -357,8 +373,8 @@ class RevisitLinksMiddleware:
     @staticmethod
     def _parsed(response: Response) -> None:
         """The callback ran to its end: what the page yielded is all it has (gone_refs)."""
-        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
-        if isinstance(out, dict):
+        out = _out_of(response)
+        if out is not None:
             out["parsed"] = True
 
     def process_spider_output(
@@ -392,9 +408,7 @@ class RevisitParseGuard:
     def process_spider_exception(
         self, response: Response, exception: BaseException, spider: Spider | None = None
     ) -> None:
-        out = response.request.meta.get(REVISIT_OUT_META_KEY) if response.request else None
-        if isinstance(out, dict):
-            out["unsure"] = True
+        _mark_unsure(response)
 
 
 class RevisitMiddleware:
@@ -413,9 +427,8 @@ class RevisitMiddleware:
         crawler.signals.connect(self._item_scraped, signal=signals.item_scraped)
         # an item of the page dropped or failed, or its callback raised: the page's items are
         # not all known, so its fetch is no evidence that any is gone
-        crawler.signals.connect(self._unsure, signal=signals.item_dropped)
-        crawler.signals.connect(self._unsure, signal=signals.item_error)
-        crawler.signals.connect(self._unsure, signal=signals.spider_error)
+        for signal in (signals.item_dropped, signals.item_error, signals.spider_error):
+            crawler.signals.connect(_mark_unsure, signal=signal)
         crawler.signals.connect(self._seen_set_opened, signal=seen_set_opened)
 
     @classmethod
@@ -518,9 +531,8 @@ class RevisitMiddleware:
 
     def _item_scraped(self, item: Any, response: Response, spider: Spider) -> None:
         """Name the stored item in its page's record, for a later 304 to keep it alive."""
-        request = getattr(response, "request", None)
-        out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
-        if not isinstance(out, dict):
+        out = _out_of(response)
+        if out is None:
             return
         answers = self.crawler.signals.send_catch_log(item_stored_ref, item=item)
         if not answers:
@@ -541,9 +553,3 @@ class RevisitMiddleware:
             out["unsure"] = True
             return
         record["items"].append(list(ref))
-
-    def _unsure(self, response: Response | None = None, **_: Any) -> None:
-        request = getattr(response, "request", None)
-        out = request.meta.get(REVISIT_OUT_META_KEY) if request is not None else None
-        if isinstance(out, dict):
-            out["unsure"] = True

@@ -228,15 +228,16 @@ class MongoStore:
 
     def keep_alive(self, refs: Sequence[tuple[str, str]]) -> None:
         """Touch *refs* in the background (``items_still_there``): the sender does not wait."""
-        task = asyncio.ensure_future(self.touch(refs))
-        self._touches.add(task)
-        task.add_done_callback(self._touched)
+        self._in_background(self.touch(refs))
 
     def mark_gone(self, refs: Sequence[tuple[str, str]], before: float) -> None:
         """Mark *refs* gone in the background (``items_gone``): the sender does not wait."""
-        if not self.config.mark_gone:
-            return
-        task = asyncio.ensure_future(self.gone(refs, before=before))
+        if self.config.mark_gone:
+            self._in_background(self.gone(refs, before=before))
+
+    def _in_background(self, work: Any) -> None:
+        """A touch or a gone mark, awaited by close() before the store drains."""
+        task = asyncio.ensure_future(work)
         self._touches.add(task)
         task.add_done_callback(self._touched)
 
@@ -245,11 +246,8 @@ class MongoStore:
     ) -> None:
         """Items their page no longer has: ``gone_at`` *at* (now), durably, unless seen
         after *before* (the page's last fetch that named them)."""
-        by_collection: dict[str, list[str]] = {}
-        for collection, key in refs:
-            by_collection.setdefault(collection, []).append(key)
         when = self._now() if at is None else at
-        for collection, keys in by_collection.items():
+        for collection, keys in _by_collection(refs).items():
             record = gone_record(
                 collection, keys, database=self.config.database, at=when, before=before,
                 crawl_id=self.config.crawl_id, spider=self.config.spider,
@@ -265,11 +263,8 @@ class MongoStore:
 
     async def touch(self, refs: Sequence[tuple[str, str]], *, seen: float | None = None) -> None:
         """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""
-        by_collection: dict[str, list[str]] = {}
-        for collection, key in refs:
-            by_collection.setdefault(collection, []).append(key)
         at = self._now() if seen is None else seen
-        for collection, keys in by_collection.items():
+        for collection, keys in _by_collection(refs).items():
             await self._submit(
                 touch_record(collection, keys, database=self.config.database, seen=at)
             )
@@ -916,6 +911,14 @@ class MongoStore:
         if self._writer is None:
             raise RuntimeError("the MongoDB store is not prepared")
         return await self._writer.write(records)
+
+
+def _by_collection(refs: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    """(collection, _id) pairs as collection -> its ids, in order."""
+    grouped: dict[str, list[str]] = {}
+    for collection, key in refs:
+        grouped.setdefault(collection, []).append(key)
+    return grouped
 
 
 def _settle(chunk: Sequence[_Pending], failures: Mapping[int, BaseException]) -> None:
