@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.fleet import WAIT_FOR_SEED, wait_for
+from tests.fleet import FAST_SETTINGS, WAIT_FOR_SEED, wait_for
 from tests.netns import Network
+from tests.site.stats import open_at_once
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -80,8 +81,8 @@ def _crawling(
     )
     client = network.redis(redis_url)
     db = network.mongo(mongo_url)[fleet.mongo_db]
-    for _ in range(nodes):
-        fleet.start_node()
+    for i in range(nodes):
+        fleet.start_node(USER_AGENT=f"node{i}")  # the shop's timeline says who sent what
     fleet.wait_ready()
     fleet.seed(shop.url("/"))
     _wait_mid_crawl(client, db, fleet, _node_id(fleet, 0))
@@ -146,7 +147,7 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
     node0 = _node_id(fleet, 0)
 
     network.cut("node0", "redis")
-    cut_at = time.monotonic()
+    cut_at, cut_wall = time.monotonic(), time.time()
     print(f"node0 cut off from Redis at {time.strftime('%H:%M:%S')}")
     held = _leases(client, fleet, node0)  # node0 can change none of them any more
     assert held
@@ -154,6 +155,7 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
     # The others reaped node0's leases and finished the crawl without it.
     others = [fleet.procs[i].poll() for i in (1, 2)]
     stored_while_cut = db.products.count_documents({})
+    healed_wall = time.time()
     network.heal("node0", "redis")
     print(f"node0 reaches Redis again at {time.strftime('%H:%M:%S')}")
 
@@ -180,6 +182,32 @@ def test_a_node_cut_off_from_redis_for_30s_loses_its_leases_and_comes_back_clean
     assert _total(fleet, "mongo/updated") == 0
     refetched = sum(1 for path in twice if path.startswith("/product/"))
     assert _total(fleet, "mongo/unchanged") + _total(fleet, "mongo/stale") == refetched
+
+    # Counted at the shop: never more than the cap open, whoever held the permits.
+    timeline = shop.timeline()
+    assert {agent for *_, agent in timeline} == {"node0", "node1", "node2"}
+    assert open_at_once(timeline) <= 6
+    # node0 started nothing once its last round trip was half a lease old (it may have been
+    # up to a tick before the cut), until it reached Redis again
+    lease, beat = (
+        FAST_SETTINGS["FRONTIER_LEASE_SECONDS"],
+        FAST_SETTINGS["FRONTIER_HEARTBEAT_SECONDS"],
+    )
+    late = [
+        (round(arrival - cut_wall, 3), path)
+        for arrival, _, path, agent in timeline
+        if agent == "node0" and cut_wall + lease / 2 + 0.5 < arrival < healed_wall
+    ]
+    assert not late, late
+    # what node0 held went to the others only once its leases could have expired: its last
+    # heartbeat before the cut extended them by a lease
+    held_paths = {_target(url) for url in held}
+    early = [
+        (round(arrival - cut_wall, 3), path, agent)
+        for arrival, _, path, agent in timeline
+        if path in held_paths and agent != "node0" and arrival < cut_wall + lease - beat - 0.5
+    ]
+    assert not early, early
 
 
 @pytest.mark.slow("pymongo notices a cut at its next heartbeat (10 s): a 25 s crawl outlasts it")

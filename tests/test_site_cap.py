@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import pytest
 from scrapy.settings import Settings
@@ -13,7 +14,9 @@ from scrapy.settings import Settings
 from project.addon import FleetAddon
 from project.frontier.config import FrontierConfig
 from project.frontier.politeness import derive, unreachable
-from tests.fleet import wait_for
+from tests.fleet import WAIT_FOR_SEED, wait_for
+from tests.redis_proxy import ReplyDropper
+from tests.site.stats import open_at_once
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -23,18 +26,6 @@ def _settings(**values: object) -> Settings:
     settings = Settings()
     settings.setdict(values, priority="project")
     return settings
-
-
-def _open_at_once(timeline: list[list]) -> int:
-    """Most requests the shop had open at one instant."""
-    events = []
-    for arrival, finish, _ in timeline:
-        events += [(arrival, 1), (finish if finish is not None else arrival, -1)]
-    most = now = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        now += step
-        most = max(most, now)
-    return most
 
 
 def test_the_add_on_derives_node_limits_from_the_fleet_cap() -> None:
@@ -84,7 +75,7 @@ def test_two_nodes_keep_a_slow_site_at_its_cap_and_never_above(
     fleet.seed(shop.url("/"))
     assert fleet.wait(180) == [0, 0]
     assert mongo.products.count_documents({}) == 200
-    assert _open_at_once(shop.timeline()) == 6
+    assert open_at_once(shop.timeline()) == 6
     for index in (0, 1):
         stats = fleet.stats(index)
         assert stats["frontier/permits/granted"] > 0, f"node{index} never downloaded"
@@ -110,8 +101,8 @@ def test_a_node_stopped_past_its_lease_never_takes_the_site_above_its_cap(
     """A stalled node's permits go to the fleet after its lease; back, it learns that before
     it starts another download with them (SIGSTOP stands for a GC pause, a full disk)."""
     shop = make_shop(products=150, latency_ms=150)
-    for _ in range(2):
-        fleet.start_node(FRONTIER_SITE_CONCURRENCY=6)
+    for i in range(2):
+        fleet.start_node(FRONTIER_SITE_CONCURRENCY=6, USER_AGENT=f"node{i}")
     fleet.seed(shop.url("/"))
     wait_for(lambda: mongo.products.estimated_document_count() >= 20, 60, "20 products")
     stopped = fleet.procs[0]
@@ -127,15 +118,15 @@ def test_a_node_stopped_past_its_lease_never_takes_the_site_above_its_cap(
     assert fleet.wait(180) == [0, 0]
     assert mongo.products.count_documents({}) == 150
     timeline = shop.timeline()
-    most = _open_at_once(timeline)
+    most = open_at_once(timeline)
     if most > 6:
         peak = max(
             (t for t, *_ in timeline),
-            key=lambda t: sum(1 for a, f, _ in timeline if a <= t < (f or a + 1e-9)),
+            key=lambda t: sum(1 for a, f, *_ in timeline if a <= t < (f or a + 1e-9)),
         )
         open_then = [
-            (round(a - stopped_at, 3), round((f or a) - stopped_at, 3), path)
-            for a, f, path in timeline
+            (round(a - stopped_at, 3), round((f or a) - stopped_at, 3), path, agent)
+            for a, f, path, agent in timeline
             if a <= peak < (f or a + 1e-9)
         ]
         print(
@@ -143,3 +134,35 @@ def test_a_node_stopped_past_its_lease_never_takes_the_site_above_its_cap(
         )
     assert most <= 6
     assert fleet.stat(0, "frontier/permits/reclaimed") > 0
+
+
+#: A step's reply that granted a download permit (``permits`` followed by a non-empty array).
+_GRANTING_REPLY = rb"\$7\r\npermits\r\n\*[1-9]"
+
+
+@pytest.mark.crawl
+def test_a_step_whose_reply_is_lost_leaves_a_cap_of_one_leased_and_the_crawl_ends(
+    fleet: Fleet, make_shop, mongo
+) -> None:
+    """Redis ran the step and granted the site's only permit; the node never read the reply
+    (a proxy drops it with its connection). Its next heartbeat's permit table gives that
+    permit back, so the site is leased again and the crawl ends, one download at a time."""
+    shop = make_shop(products=30, latency_ms=50)
+    redis_at = urlsplit(fleet.redis_url)
+    with ReplyDropper((redis_at.hostname or "127.0.0.1", redis_at.port or 6379)) as proxy:
+        for _ in range(2):
+            fleet.start_node(FRONTIER_SITE_CONCURRENCY=1, REDIS_URL=proxy.url, **WAIT_FOR_SEED)
+        fleet.wait_ready()
+        proxy.drop_next(_GRANTING_REPLY)  # the crawl's first permit
+        fleet.seed(shop.url("/"))
+        wait_for(lambda: proxy.dropped, 30, "a node granted the permit", 0.05)
+        assert fleet.wait(120) == [0, 0], fleet.log(0)[-3000:]
+    assert mongo.products.count_documents({}) == 30
+    assert open_at_once(shop.timeline()) == 1
+    assert sum(fleet.stat(i, "frontier/redis_errors") for i in range(2)) >= 1
+    # the permit the lost reply granted went back by the table (or the step was replayed)
+    fixed = sum(
+        fleet.stat(i, "frontier/permits/corrected") + fleet.stat(i, "frontier/steps_replayed")
+        for i in range(2)
+    )
+    assert fixed >= 1, [fleet.stats(i) for i in range(2)]

@@ -27,7 +27,7 @@ def test_the_crawl_ends_as_soon_as_its_last_page_is_stored(fleet: Fleet, make_sh
     fleet.seed(shop.url("/"))
     assert fleet.wait(120) == [0, 0]
     ended = time.time()
-    last_page = max(finish for _, finish, _ in shop.timeline() if finish is not None)
+    last_page = max(finish for _, finish, *_ in shop.timeline() if finish is not None)
     assert mongo.products.count_documents({}) == 120
     for index in (0, 1):
         assert fleet.stats(index)["finish_reason"] == "finished"

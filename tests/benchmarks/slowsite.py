@@ -184,13 +184,13 @@ class Bench:
         self, timeline: list[list[Any]], cap: int, seeded: float, last_exit: float
     ) -> dict[str, Any]:
         # A request still open when the last node went (none, normally) is open until then.
-        spans = [(a, last_exit if finish is None else finish) for a, finish, _ in timeline]
+        spans = [(a, last_exit if finish is None else finish) for a, finish, *_ in timeline]
         pages, wall, latency = len(spans), last_exit - seeded, self.latency
         arrivals = sorted(arrival for arrival, _ in spans)
         cuts = statistics.quantiles(arrivals, n=10, method="inclusive") if pages > 1 else [0, 0]
         steady = mean_open(spans, cuts[0], cuts[-1])
         first, last = min(arrivals, default=0.0), max((f for _, f in spans), default=0.0)
-        paths = Counter(path for _, _, path in timeline)
+        paths = Counter(path for _, _, path, _ in timeline)
         return {
             "pages": pages,
             "wall": wall,

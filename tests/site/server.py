@@ -131,8 +131,11 @@ class ShopResource(Resource):
 
         match = _PRODUCT_PATH.fullmatch(path)
         product_id = int(match.group(1)) if match else None
-        timed = self._stats.record_request(request.uri.decode("utf-8", "replace"), product_id)
         headers = request.requestHeaders
+        agent = (headers.getRawHeaders(b"user-agent") or [b""])[0].decode("utf-8", "replace")
+        timed = self._stats.record_request(
+            request.uri.decode("utf-8", "replace"), product_id, agent[:100]
+        )
         if headers.hasHeader(b"if-none-match") or headers.hasHeader(b"if-modified-since"):
             self._stats.conditional += 1
         # Fires once the response is written to its end (at once without latency, in _finish
@@ -560,7 +563,7 @@ class ShopServer:
         return self._get_json("/_stats")
 
     def timeline(self) -> list[list[Any]]:
-        """``[arrival, finish or None, path]`` of every counted request since start or reset."""
+        """``[arrival, finish or None, path, user agent]`` of every counted request since start or reset."""
         requests: list[list[Any]] = self._get_json("/_timeline")["requests"]
         return requests
 

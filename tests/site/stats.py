@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ShopStats", "Timed"]
+__all__ = ["ShopStats", "Timed", "open_at_once"]
 
 
 @dataclass
@@ -21,14 +22,15 @@ class Timed:
     path: str
     arrival: float
     finish: float | None = None
+    agent: str = ""  # the client's User-Agent: which node sent it, when nodes set their own
 
     def end(self) -> None:
         """The request is over: answered, or dropped by its client."""
         self.finish = time.time()
 
     def as_list(self) -> list[float | str | None]:
-        """``[arrival, finish, path]``, as ``/_timeline`` serves it."""
-        return [self.arrival, self.finish, self.path]
+        """``[arrival, finish, path, agent]``, as ``/_timeline`` serves it."""
+        return [self.arrival, self.finish, self.path, self.agent]
 
 
 class ShopStats:
@@ -85,9 +87,11 @@ class ShopStats:
         self.not_modified = 0
         self.body_bytes = 0
 
-    def record_request(self, path_with_query: str, product_id: int | None) -> Timed:
+    def record_request(
+        self, path_with_query: str, product_id: int | None, agent: str = ""
+    ) -> Timed:
         """Count one request as it arrives; the caller ends the returned entry."""
-        timed = Timed(path_with_query, time.time())
+        timed = Timed(path_with_query, time.time(), agent=agent)
         self.timeline.append(timed)
         self.total += 1
         self.hits[path_with_query] += 1
@@ -123,5 +127,18 @@ class ShopStats:
         }
 
     def timeline_dict(self) -> dict[str, object]:
-        """``{"requests": [[arrival, finish_or_null, path], ...]}``, in arrival order."""
+        """``{"requests": [[arrival, finish_or_null, path, agent], ...]}``, in arrival order."""
         return {"requests": [timed.as_list() for timed in self.timeline]}
+
+
+def open_at_once(timeline: list[list[Any]]) -> int:
+    """Most requests a ``/_timeline`` had open at one instant (one still open counts as ending
+    where it began)."""
+    events = []
+    for arrival, finish, *_ in timeline:
+        events += [(arrival, 1), (finish if finish is not None else arrival, -1)]
+    most = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        most = max(most, now)
+    return most
