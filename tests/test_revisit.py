@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,9 @@ from scrapy.utils.test import get_crawler
 
 from project.frontier.clock import FleetClock
 from project.frontier.dupefilter import FleetDupeFilter
+from project.frontier.ledger import Lease
 from project.frontier.meta import REVISIT_META_KEY, REVISIT_OUT_META_KEY
+from project.frontier.outcomes import settle_request
 from project.frontier.queue import Counts, LeasedQueue, StepBatch
 from project.frontier.revisit import (
     NotModified,
@@ -31,6 +34,7 @@ from project.frontier.revisit import (
     revisit_entries,
     touch_items,
 )
+from project.frontier.settlements import SettlementQueue
 from project.frontier.signals import items_gone, seen_set_opened
 from project.monitoring.status import frontier_snapshot
 from project.storage.placement import PlacedItem
@@ -680,3 +684,50 @@ def test_a_redirected_page_also_records_the_url_its_links_name() -> None:
     _site, _priority, record, original = first[2].split(b"\n", 3)
     assert json.loads(record) == {"redirect": 1}  # no validators: fetched whole, it redirects
     assert json.loads(original) == {"url": "http://s/old", "meta": {"k": 2}}
+
+
+def test_a_record_over_its_byte_cap_drops_its_items_then_is_not_kept() -> None:
+    """FRONTIER_REVISIT_MAX_RECORD_BYTES: a page naming many long item ids keeps none of them
+    (nor validators: its next fetch is a whole one), and a request too big is not recorded."""
+    middleware, _ = _middleware()
+    request = Request("http://s/p/1")
+    response = HtmlResponse(request.url, body=b"<p>x</p>", request=request,
+                            headers={b"ETag": b'"e"'})  # fmt: skip
+    asyncio.run(middleware.process_response(request, response))
+    record = request.meta[REVISIT_OUT_META_KEY]["record"]
+    record["items"] = [["products", "x" * 500] for _ in range(40)]  # about 20 KB
+    payload = b'{"url":"http://s/p/1"}'
+    (whole,) = revisit_entries(request, "s", payload, 1.0, max_bytes=10**6)
+    assert len(whole[2]) > 20_000
+    (small,) = revisit_entries(request, "s", payload, 1.0, max_bytes=8192)
+    kept = json.loads(small[2].split(b"\n", 3)[2])
+    assert kept["items"] == []
+    assert "etag" not in kept
+    assert len(small[2]) < 200
+    # this fetch's own evidence is untouched: the page did yield those items
+    assert len(request.meta[REVISIT_OUT_META_KEY]["record"]["items"]) == 40
+    huge = json.dumps({"url": "http://s/p/1", "meta": {"k": "v" * 9000}}).encode()
+    assert revisit_entries(request, "s", huge, 1.0, max_bytes=8192) is None
+
+
+def test_a_request_too_big_to_record_is_acked_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    middleware, crawler = _middleware()
+    crawler.stats.open_spider()
+    request = Request("http://user:secret@s/p/1")
+    response = HtmlResponse(request.url, body=b"<p>x</p>", request=request)
+    asyncio.run(middleware.process_response(request, response))
+    settlements = SettlementQueue()
+    lease = Lease(
+        b"member", "s", json.dumps({"url": request.url, "cb_kwargs": {"k": "v" * 9000}}).encode()
+    )
+    with caplog.at_level(logging.WARNING):
+        settle_request(request, lease, None, settlements, crawler, crawler.spider, "n", 1.0, 8192)
+    batch = StepBatch()
+    settlements.collect(batch, 0)
+    assert batch.acks == [b"member"]  # the page is done all the same
+    assert batch.revisits == []
+    assert crawler.stats.get_value("revisit/too_big") == 1
+    assert "over FRONTIER_REVISIT_MAX_RECORD_BYTES=8192" in caplog.text
+    assert "secret" not in caplog.text

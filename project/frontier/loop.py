@@ -103,6 +103,7 @@ class FrontierLoop:
         #: out anyway).
         self._sweep = bool(revisits.rules and revisits.sweep and not config.keep_alive)
         self._revisit_limits = revisits.limits() if revisits.rules else None
+        self._revisit_max_record = revisits.max_record_bytes
         self._enqueue: list[tuple[bytes, str, int, bytes, str]] = []
         self._latency: dict[str, list[float]] = {}
         self._resolver = SiteResolver(config.site_ip_ttl) if config.site_key == "ip" else None
@@ -355,7 +356,7 @@ class FrontierLoop:
             node = self.config.node_id
             settle_request(
                 request, lease, outcome, self.settlements, self.crawler, self.spider, node,
-                self.clock.now(),
+                self.clock.now(), self._revisit_max_record,
             )  # fmt: skip
 
     # -- one round trip ----------------------------------------------------------

@@ -4,13 +4,15 @@ revisit record), a retry, a dead letter, and a site pause when the page asked fo
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 from project.frontier.meta import REVISIT_META_KEY
 from project.frontier.rejects import dead_record
-from project.frontier.revisit import mark_gone, revisit_entries, touch_items
+from project.frontier.revisit import MAX_RECORD_BYTES, mark_gone, revisit_entries, touch_items
 from project.frontier.wire import encode_request
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["count_step", "settle_request"]
 
+logger = logging.getLogger(__name__)
+
 
 def settle_request(
     request: Request,
@@ -33,12 +37,18 @@ def settle_request(
     spider: Spider,
     node: str,
     now: float,
+    max_record: int = MAX_RECORD_BYTES,
 ) -> None:
     """Queue the settlement of *lease*, whose *request* left the engine with *outcome*
-    (None: done; else what the retry and robots middlewares decided); *now*: Redis' time."""
+    (None: done; else what the retry and robots middlewares decided); *now*: Redis' time;
+    *max_record*: FRONTIER_REVISIT_MAX_RECORD_BYTES."""
     if outcome is None:
         settlements.add(ack=lease.member)
-        for revisit in revisit_entries(request, lease.site, lease.payload, now):
+        entries = revisit_entries(request, lease.site, lease.payload, now, max_record)
+        if entries is None:
+            _too_big(crawler, request, len(lease.payload), max_record)
+            entries = []
+        for revisit in entries:
             settlements.add(revisit=revisit)
         mark_gone(crawler, request)
         return
@@ -60,6 +70,19 @@ def settle_request(
             touch_items(crawler, [json.dumps(last).encode()])
     if outcome.get("pause"):
         settlements.add(pause=(lease.site, int(outcome["pause"] * 1000)))
+
+
+def _too_big(crawler: Crawler, request: Request, size: int, most: int) -> None:
+    """A request under a revisit policy too big to keep a record of: it is not revisited."""
+    assert crawler.stats is not None
+    crawler.stats.inc_value("revisit/too_big")
+    logger.warning(
+        "%s: its request is %d bytes, over FRONTIER_REVISIT_MAX_RECORD_BYTES=%d: no revisit"
+        " record is kept, so it is fetched again only as a new URL",
+        mask_url(request.url)[:200],
+        size,
+        most,
+    )
 
 
 def count_step(stats: StatsCollector, batch: StepBatch, result: StepResult) -> None:

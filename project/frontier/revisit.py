@@ -73,6 +73,8 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 INC_RATE, DEC_RATE = 0.4, 0.2
 #: Items a page's record names for a 304 to bump; a page with more is always fetched whole.
 _MAX_ITEMS = 100
+#: FRONTIER_REVISIT_MAX_RECORD_BYTES' default: what one URL's record may cost in Redis.
+MAX_RECORD_BYTES = 8192
 _MAX_VALIDATOR = 256
 _MAX_REF = 512
 #: A page answering these is gone: its URL is no longer revisited.
@@ -118,6 +120,9 @@ class RevisitConfig:
     #: (about 0.6 KB each: 10^7 records are about 6 GB of Redis).
     max_urls: int = setting("FRONTIER_REVISIT_MAX_URLS", 10_000_000)
     max_site_urls: int = setting("FRONTIER_REVISIT_MAX_SITE_URLS", 1_000_000)
+    #: Bytes one record may take (its request and what its page gave): a page naming more
+    #: items keeps none (fetched whole next time); a request bigger than this is not kept.
+    max_record_bytes: int = setting("FRONTIER_REVISIT_MAX_RECORD_BYTES", MAX_RECORD_BYTES)
     #: A record no run rediscovered in more than this many runs in a row (the sweep fetched
     #: it each time), over at least FRONTIER_REVISIT_FORGET_AFTER, is forgotten. 0: never.
     forget_runs: int = setting("FRONTIER_REVISIT_FORGET_RUNS", 3)
@@ -157,7 +162,7 @@ class RevisitConfig:
         values["rules"], values["bounds"] = tuple(rules), (low, high)
         if values["forget_after"]:
             parse_duration(values["forget_after"], "FRONTIER_REVISIT_FORGET_AFTER")
-        for name in ("max_urls", "max_site_urls", "forget_runs"):
+        for name in ("max_urls", "max_site_urls", "forget_runs", "max_record_bytes"):
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise NotConfigured(f"FRONTIER_REVISIT_{name.upper()}: {value!r} is not a count")
@@ -311,26 +316,42 @@ def mark_gone(crawler: Crawler, request: Request) -> int:
 
 
 def revisit_entries(
-    request: Request, site: str, payload: bytes, now: float
-) -> list[tuple[bytes, int, bytes]]:
+    request: Request, site: str, payload: bytes, now: float, max_bytes: int = MAX_RECORD_BYTES
+) -> list[tuple[bytes, int, bytes]] | None:
     """The revisit section entries (lua/step/revisit.lua) of a fetched request: its own, and
     the first URL of its redirects' (fetched again next time, that one leads here again).
-    *now*: Redis' time as the request settles, after its items were stored (``t``)."""
+    *now*: Redis' time as the request settles, after its items were stored (``t``).
+
+    A record over *max_bytes* (FRONTIER_REVISIT_MAX_RECORD_BYTES) first loses its items and
+    validators (the next fetch is a whole one, and tells nothing of gone items); None when
+    even its request is bigger: it is not kept."""
     out = request.meta.get(REVISIT_OUT_META_KEY)
     if not isinstance(out, dict):
         return []
-    out["record"]["t"] = round(now, 3)
-    record = json.dumps(out["record"], separators=(",", ":"), ensure_ascii=True)
+    record = out["record"]
+    record["t"] = round(now, 3)
     head = f"{site}\n{request.priority}\n".encode()
-    entries = [(out["fp"], int(out["interval"] * 1000), head + record.encode() + b"\n"
-                + _payload_without_record(payload))]  # fmt: skip
+    request_bytes = _payload_without_record(payload)
+    entry = head + _compact(record) + b"\n" + request_bytes
+    if len(entry) > max_bytes and (record.get("items") or "etag" in record or "lm" in record):
+        record = {**record, "items": []}
+        record.pop("etag", None)
+        record.pop("lm", None)
+        entry = head + _compact(record) + b"\n" + request_bytes
+    if len(entry) > max_bytes:
+        return None
+    entries = [(out["fp"], int(out["interval"] * 1000), entry)]
     for fingerprint, interval, url in out.get("also", []):
         original = _original_payload(payload, url)
-        if original is not None:
+        if original is not None and len(original) + len(head) + 16 <= max_bytes:
             entries.append(
                 (fingerprint, int(interval * 1000), head + b'{"redirect":1}\n' + original)
             )
     return entries
+
+
+def _compact(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 class RevisitLinksMiddleware:
