@@ -226,6 +226,50 @@ def test_malformed_outbox_entries_are_set_aside_and_counted(
     assert mongo.products.count_documents({}) == 3
 
 
+def test_a_huge_outbox_entry_costs_a_stub_and_a_drainer_reads_a_bounded_batch(
+    services: ServicesConfig, mongo: Database[Any], redis_url: str, keys: FrontierKeys,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A 70 MiB entry pushed by hand is never read whole by a node: a stub of it is set aside.
+    Records of 1 MiB each are read about 8 MiB at a time, not 100 at once."""
+    import redis as blocking
+
+    key = f"{keys.outbox}:{mongo.name}"
+    with blocking.Redis.from_url(redis_url) as client:
+        client.rpush(key, b"x" * (70 * 1024 * 1024))
+        client.incrby(f"{key}:bytes", 70 * 1024 * 1024)
+
+    async def heads() -> list[int]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            outbox = Outbox(client, key, max_bytes=2**40)
+            records = [{"kind": "x", "n": n, "pad": "y" * (1024 * 1024)} for n in range(12)]
+            assert await outbox.push(records)
+            first = await outbox.head(100)
+            return [len(entry) for entry in first]
+        finally:
+            await client.aclose()
+
+    sizes = asyncio.run(heads())
+    assert sizes[0] < 1024  # the stub, not the entry
+    assert 1 + 7 <= len(sizes) <= 1 + 9  # about 8 MiB of the 1 MiB records
+    with blocking.Redis.from_url(redis_url) as client:
+        client.ltrim(key, 0, 0)  # leave the huge one only, then a node drains it
+        client.set(f"{key}:bytes", 70 * 1024 * 1024)
+    up, _ = asyncio.run(
+        _save(services.mongo_url, mongo.name, tmp_path / "j", keys, redis_url, range(2))
+    )
+    assert up["mongo/outbox_malformed"] == 1
+    with blocking.Redis.from_url(redis_url) as client:
+        assert client.llen(key) == 0
+        assert client.get(f"{key}:bytes") is None
+        (stub,) = client.lrange(f"{key}:malformed", 0, -1)
+        assert len(stub) < 1024
+        assert b"oversized" in stub
+        assert b"73400320" in stub  # how big it was
+    assert mongo.products.count_documents({}) == 2
+
+
 def test_fleetcrawl_store_drain_writes_what_a_node_left(
     services: ServicesConfig, mongo: Database[Any], redis_url: str, keyspace: KeySpace,
     tmp_path: Path,

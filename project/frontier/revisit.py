@@ -130,6 +130,8 @@ class RevisitConfig:
     #: slowest listing is rediscovered within it).
     forget_after: str = setting("FRONTIER_REVISIT_FORGET_AFTER", "")
     rules: tuple[tuple[re.Pattern[str] | str, float], ...] = field(default=())
+    #: FRONTIER_REVISIT_FORGET_AFTER in seconds (its default worked out)
+    forget_window: float = 0.0
     #: min_interval and max_interval in seconds
     bounds: tuple[float, float] = (
         parse_duration(_MIN_INTERVAL, "FRONTIER_REVISIT_MIN"),
@@ -161,7 +163,10 @@ class RevisitConfig:
             )
         values["rules"], values["bounds"] = tuple(rules), (low, high)
         if values["forget_after"]:
-            parse_duration(values["forget_after"], "FRONTIER_REVISIT_FORGET_AFTER")
+            window = parse_duration(values["forget_after"], "FRONTIER_REVISIT_FORGET_AFTER")
+        else:
+            window = 3 * max((seconds for _, seconds in rules), default=0.0)
+        values["forget_window"] = window
         for name in ("max_urls", "max_site_urls", "forget_runs", "max_record_bytes"):
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -171,11 +176,7 @@ class RevisitConfig:
     def limits(self) -> tuple[int, int, int, int]:
         """The step's ``revisit_limits`` (lua/step/revisit.lua): records in all, of a site,
         runs and milliseconds a record may go unrediscovered."""
-        if self.forget_after:
-            window = parse_duration(self.forget_after, "FRONTIER_REVISIT_FORGET_AFTER")
-        else:
-            window = 3 * max((seconds for _, seconds in self.rules), default=0.0)
-        return (self.max_urls, self.max_site_urls, self.forget_runs, int(window * 1000))
+        return (self.max_urls, self.max_site_urls, self.forget_runs, int(self.forget_window * 1000))
 
     def interval(self, request: Request) -> float:
         """Seconds between fetches of *request*'s URL: 0 when no policy names it."""

@@ -35,6 +35,11 @@ logger = logging.getLogger(__name__)
 
 _PUSH = lua.load("outbox_push", __package__ or "project.storage")
 _TAKE = lua.load("outbox_take", __package__ or "project.storage")
+_HEAD = lua.load("outbox_head", __package__ or "project.storage")
+#: Bytes a drainer reads at once (the entry that crosses it is the last), and the most of one
+#: entry it reads whole: the store's records are at most one BSON document (16 MiB) as JSON.
+_READ_BYTES = 8 * 1024 * 1024
+_ENTRY_BYTES = 64 * 1024 * 1024
 #: Records of the outbox set aside because they are not records the store wrote (pushed by
 #: hand, another program): the newest are kept for a look, under ``<outbox>:malformed``.
 _MALFORMED_KEPT = 1000
@@ -83,9 +88,15 @@ class Outbox:
         """Take or renew the drainer's lease; False while another drainer holds it."""
         return await self._take(0)
 
-    async def head(self, count: int) -> list[bytes]:
-        """The oldest *count* entries, left in place."""
-        entries = await self.client.lrange(self.key, 0, count - 1)
+    async def head(
+        self, count: int, max_bytes: int = _READ_BYTES, entry_bytes: int = _ENTRY_BYTES
+    ) -> list[bytes]:
+        """The oldest entries, left in place: at most *count*, and about *max_bytes* (at least
+        one). An entry over *entry_bytes* comes as a stub that is no record (outbox_head.lua)."""
+        entries = await self.client.eval(
+            _HEAD.source, len(_HEAD.keys), *_HEAD.keys_from(self, outbox=self.key),
+            count, max_bytes, entry_bytes,
+        )  # fmt: skip
         return [e if isinstance(e, bytes) else e.encode() for e in entries]
 
     async def remove(self, count: int) -> bool:

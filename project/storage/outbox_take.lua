@@ -24,7 +24,9 @@ if (holder and holder ~= ARGV[1]) or (count > 0 and holder ~= ARGV[1]) then
 end
 if count > 0 then
     local size = 0
-    for _, entry in ipairs(redis.call('LRANGE', K.outbox, 0, count - 1)) do
+    for i = 0, count - 1 do -- one at a time: the entries may be large
+        local entry = redis.call('LINDEX', K.outbox, i)
+        if not entry then break end
         size = size + #entry
     end
     redis.call('LTRIM', K.outbox, count, -1)
