@@ -15,8 +15,8 @@ from project.addon import FleetAddon
 from project.frontier.config import FrontierConfig
 from project.frontier.politeness import derive, unreachable
 from tests.fleet import WAIT_FOR_SEED, wait_for
-from tests.redis_proxy import ReplyDropper
 from tests.site.stats import open_at_once
+from tests.tcp_proxy import TcpProxy
 
 if TYPE_CHECKING:
     from tests.fleet import Fleet
@@ -149,9 +149,9 @@ def test_a_step_whose_reply_is_lost_leaves_a_cap_of_one_leased_and_the_crawl_end
     permit back, so the site is leased again and the crawl ends, one download at a time."""
     shop = make_shop(products=30, latency_ms=50)
     redis_at = urlsplit(fleet.redis_url)
-    with ReplyDropper((redis_at.hostname or "127.0.0.1", redis_at.port or 6379)) as proxy:
+    with TcpProxy((redis_at.hostname or "127.0.0.1", redis_at.port or 6379)) as proxy:
         for _ in range(2):
-            fleet.start_node(FRONTIER_SITE_CONCURRENCY=1, REDIS_URL=proxy.url, **WAIT_FOR_SEED)
+            fleet.start_node(FRONTIER_SITE_CONCURRENCY=1, REDIS_URL=proxy.url(), **WAIT_FOR_SEED)
         fleet.wait_ready()
         proxy.drop_next(_GRANTING_REPLY)  # the crawl's first permit
         fleet.seed(shop.url("/"))

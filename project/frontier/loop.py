@@ -26,6 +26,7 @@ from project.frontier.rejects import log_duplicates, log_poisoned
 from project.frontier.revisit import RevisitConfig, touch_items
 from project.frontier.seen import BloomFill
 from project.frontier.settlements import SettlementQueue
+from project.frontier.signals import store_backpressure
 from project.frontier.sites import SiteResolver, site_of
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ class FrontierLoop:
         self._unsent: tuple[float, StepBatch, int] | None = None
         self._bloom_fill: BloomFill | None = None
         self.outage = RedisOutage(self.stats, spider, config.redis_name)
+        #: The item store is behind (project/storage/backlog.py): no downloads start, nothing
+        #: more is leased, until it catches up.
+        self.store_behind = False
+        crawler.signals.connect(self._store_backpressure, signal=store_backpressure)
 
     # -- engine side (no I/O) ----------------------------------------------
 
@@ -141,8 +146,9 @@ class FrontierLoop:
     def pop(self) -> Request | None:
         """The best leased request whose site has a free download permit, now dispatched."""
         self._wakeup.set()
-        if self._stalled():
-            # it starts nothing before its next step says which permits it still holds
+        if self._stalled() or self.store_behind:
+            # it starts nothing before its next step says which permits it still holds, or
+            # while its store is behind
             self._held_back = self.ledger.has_heap
             return None
         request = self.ledger.pop()
@@ -224,6 +230,12 @@ class FrontierLoop:
             self._wakeup.set()
             await self._step_done.wait()
             lease = self.ledger.dispatched.get(request)
+
+    def _store_backpressure(self, behind: bool) -> None:
+        self.store_behind = behind
+        if not behind:
+            self._held_back = False
+            wake_engine(self.crawler)
 
     def _stalled(self) -> bool:
         """No round trip for half a lease (a stall, a partition): the fleet may have taken this
@@ -397,7 +409,8 @@ class FrontierLoop:
         # a fleet that keeps runs takes seeds once in the run (a keep-alive one's begin with work)
         batch.join_first = self.queue.runs and not config.keep_alive
         if not closing:
-            self.ledger.plan(batch, config.batch_max)
+            # behind, its store takes no more: it leases nothing, gives spare permits back
+            self.ledger.plan(batch, 0 if self.store_behind else config.batch_max)
         batch.enqueue = self._enqueue[: config.batch_max]
         # Settle a lease only once everything its callback produced is sent: in an
         # earlier round trip, or in this one (the script enqueues before it settles).

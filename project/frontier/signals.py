@@ -13,6 +13,7 @@ __all__ = [
     "items_gone",
     "items_still_there",
     "seen_set_opened",
+    "store_backpressure",
 ]
 
 #: The fleet scheduler's frontier loop started: ``loop``, the FrontierLoop (the permit gate
@@ -37,3 +38,8 @@ items_gone = object()
 #: Sent once an item was scraped, with ``item``: a receiver that stored it returns the
 #: (collection, _id) it is stored under, or None when it cannot name it.
 item_stored_ref = object()
+
+#: The item store fell behind (``behind=True``: more items wait to be stored than
+#: MONGO_MAX_WAITING allows) or caught up (``behind=False``): the frontier starts no downloads
+#: and leases nothing more while it is behind (project/storage/backlog.py).
+store_backpressure = object()

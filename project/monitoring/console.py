@@ -165,6 +165,13 @@ def _waiting(status: dict[str, Any]) -> str:
     ]
     if journals:
         parts.append("journals of " + ", ".join(journals[:10]))
+    behind = [
+        f"{printable(n['id'], 60)}: {n['store_waiting']}"
+        for n in status.get("nodes", [])
+        if n.get("store_behind")
+    ]
+    if behind:
+        parts.append("stores behind, downloads held (items waiting) on " + ", ".join(behind[:10]))
     return "; ".join(parts) or "n/a"
 
 

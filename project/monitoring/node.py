@@ -292,6 +292,9 @@ class NodeMonitor:
             "mongo_errors": int(stat("mongo/permanent_errors", 0)),
             "mongo_last_error": str(stat("mongo/last_error") or "")[:300] or None,
             "journal_errors": int(stat("mongo/journal_errors", 0)),
+            # items waiting to be stored, and whether that many keep downloads from starting
+            "store_waiting": int(stat("mongo/waiting", 0)),
+            "store_behind": bool(stat("mongo/behind", 0)),
         }
 
     def _read_files(self, count_journal: bool) -> tuple[tuple[int, int], int | None]:

@@ -429,6 +429,8 @@ def node_view(record: dict[str, Any], present: bool, in_flight: int, now: float)
         if record.get("mongo_last_error")
         else None,
         "journal_errors": _int(record.get("journal_errors")),
+        "store_waiting": _int(record.get("store_waiting")),
+        "store_behind": bool(record.get("store_behind")) and alive,
     }
 
 

@@ -475,7 +475,7 @@ def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
         str(executable),
         f"--listen-addr={netloc(cfg.host, cfg.mongo_port)}",
         "--handler=sqlite",
-        f"--sqlite-url=file:{quote(str(layout.data_dir))}/",
+        f"--sqlite-url=file:{quote(str(layout.data_dir))}/?_pragma=synchronous(normal)",
         f"--state-dir={layout.directory}",
         "--telemetry=disable",
         "--log-level=error",  # at warn, every pymongo close() logs a 20-line endSessions dump

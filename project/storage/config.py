@@ -79,6 +79,10 @@ class MongoConfig:
     runs_collection: str = setting("MONGO_RUNS_COLLECTION", "crawl_runs")
     batch_size: int = setting("MONGO_BATCH_SIZE", 100)
     flush_interval: float = setting("MONGO_FLUSH_INTERVAL", 1.0)
+    #: Items, and their bytes, that may wait to be stored before the node starts no more
+    #: downloads (project/storage/backlog.py); 0: no bound of that kind.
+    max_waiting: int = setting("MONGO_MAX_WAITING", 2000)
+    max_waiting_bytes: int = setting("MONGO_MAX_WAITING_BYTES", 64 * 1024 * 1024)
     #: ``{database}`` and ``{spider}`` are replaced by the database and the spider's name.
     journal_dir: Path = setting("MONGO_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)
     retry_max_delay: float = setting("MONGO_RETRY_MAX_DELAY", 30.0)
@@ -130,6 +134,13 @@ class MongoConfig:
             )
         if values["batch_size"] < 1:
             raise StorageConfigError(f"MONGO_BATCH_SIZE must be >= 1, got {values['batch_size']}")
+        for name, field_name in (
+            ("MONGO_MAX_WAITING", "max_waiting"),
+            ("MONGO_MAX_WAITING_BYTES", "max_waiting_bytes"),
+        ):
+            value = values[field_name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StorageConfigError(f"{name} must be a count >= 0, got {value!r}")
         for name, field_name in (
             ("MONGO_FLUSH_INTERVAL", "flush_interval"),
             ("MONGO_RETRY_MAX_DELAY", "retry_max_delay"),

@@ -34,6 +34,7 @@ from project.frontier.signals import (
     items_gone,
     items_still_there,
 )
+from project.storage.backlog import StoreBacklog, record_bytes
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.documents import MAX_BSON_SIZE
 from project.storage.errors import (
@@ -124,6 +125,8 @@ class MongoStore:
             segment_records=max(1000, 20 * config.batch_size),
         )
         self._stats = stats
+        #: what waits to be stored; behind, the frontier starts no more downloads
+        self.backlog = StoreBacklog(stats, config.max_waiting, config.max_waiting_bytes)
         self._client: AsyncMongoClient[_Document] | None = None
         self._database: AsyncDatabase[_Document] | None = None
         self._writer: BatchWriter | None = None
@@ -175,6 +178,7 @@ class MongoStore:
             assert crawler.stats is not None
             store = _stores[crawler] = cls(config, crawler.stats)
             store._settings = crawler.settings
+            store.backlog.signals = crawler.signals
             crawler.signals.connect(store.crawl_closed, signal=signals.spider_closed)
             # a fleet node: while MongoDB is away, items wait in the fleet's Redis
             crawler.signals.connect(store.frontier_ready, signal=frontier_started)
@@ -543,6 +547,9 @@ class MongoStore:
             raise RuntimeError("the MongoDB store is not open")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
+        size = record_bytes(record)
+        self.backlog.added(size)
+        future.add_done_callback(lambda _: self.backlog.done(size))
         self._pending.append((record, future))
         # Group commit: an idle writer flushes at once (the item waits one
         # round trip, not the interval); while a write is under way items

@@ -1,6 +1,7 @@
 """MongoDB write benchmark: the batched store vs one write per item.
 
     python -m tests.benchmarks.mongo_writes [--items 500] [--runs 5] [--uri mongodb://...]
+    python -m tests.benchmarks.mongo_writes --sizes 10000,100000 [--runs 1] [--uri ...]
 
 Same run, same FerretDB (a private one unless ``--uri``), fresh database per variant and run.
 Each run writes ``--items`` new products (insert pass), then the same products again
@@ -13,6 +14,13 @@ Each run writes ``--items`` new products (insert pass), then the same products a
 Prints items/s (median of ``--runs``) and the ratio batched / one-by-one. On FerretDB (SQLite)
 every modified document costs about the same however it is sent, so the re-crawl pass
 (``last_seen`` bumps) gains little there; inserts gain the most.
+
+``--sizes``: the cost of storing an item as the collection grows. For each size N, in a fresh
+database, ``MongoStore`` stores N new products (the rate of the last tenth is the rate at N),
+then all N again unchanged (a recrawl: ``last_seen`` bumps), then all N again with one in ten
+changed (new price: a content rewrite and a change-history document). Prints items/s of each
+pass and the per-item cost at each size as a ratio to the smallest (goal: at most 1.5x from
+10^4 to 10^6, and at least 1,000 items/s at 10^6).
 """
 
 from __future__ import annotations
@@ -41,14 +49,15 @@ class _BenchSpider(Spider):
     name = "bench"
 
 
-def _products(count: int) -> list[Product]:
+def _products(count: int, start: int = 0, epoch: int = 0) -> list[Product]:
+    """Products *start* to *start + count*; in *epoch* > 0 one in ten has another price."""
     return [
         Product.model_validate(
             {
                 "url": f"http://shop.test/product/{n}?ref=bench",
                 "canonical_url": f"http://shop.test/product/{n}",
                 "name": f"Bench Product {n}",
-                "price": f"{n % 500 + 1}.99",
+                "price": f"{(n + (epoch if n % 10 == 0 else 0)) % 500 + 1}.99",
                 "currency": "EUR",
                 "sku": f"SKU-{n:06d}",
                 "availability": "in stock",
@@ -57,7 +66,7 @@ def _products(count: int) -> list[Product]:
                 "image_urls": [f"/img/{n}-1.jpg", f"/img/{n}-2.jpg"],
             }
         )
-        for n in range(count)
+        for n in range(start, start + count)
     ]
 
 
@@ -124,6 +133,58 @@ async def _run(
         await client.close()
 
 
+_CHUNK = 2000  # products submitted at once (CONCURRENT_ITEMS across a fleet's nodes)
+
+
+async def _sized_pass(
+    uri: str, database: str, journal: Path, size: int, epoch: int
+) -> tuple[float, float]:
+    """Store products 0..size-1 (epoch: see _products): seconds of the pass, and items/s of
+    its last tenth (from the first chunk past nine tenths)."""
+    crawler = get_crawler(
+        _BenchSpider,
+        {"MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_JOURNAL_DIR": str(journal)},
+    )
+    store = MongoStore.from_crawler(crawler)
+    await store.open()
+    started = time.perf_counter()
+    tenth_at, tenth_from = None, 0
+    for start in range(0, size, _CHUNK):
+        if tenth_at is None and start >= size - size // 10:
+            tenth_at, tenth_from = time.perf_counter(), start
+        chunk = _products(min(_CHUNK, size - start), start, epoch)
+        await asyncio.gather(*(store.save_product(p) for p in chunk))
+    await store.close()  # the last batches are written
+    done = time.perf_counter()
+    return done - started, (size - tenth_from) / (done - (tenth_at or started))
+
+
+async def _sized(uri: str, size: int, journal: Path) -> tuple[float, float, float]:
+    """items/s storing *size* new products (at the last tenth), unchanged, 10 % changed."""
+    database = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        _, new_rate = await _sized_pass(uri, database, journal, size, 0)
+        unchanged, _ = await _sized_pass(uri, database, journal, size, 0)
+        changed, _ = await _sized_pass(uri, database, journal, size, 1)
+        return new_rate, size / unchanged, size / changed
+    finally:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        await client.drop_database(database)
+        await client.close()
+
+
+def _print_sizes(uri: str, sizes: list[int], rates: dict[int, list[tuple[float, ...]]]) -> None:
+    runs = len(next(iter(rates.values())))
+    print(f"items/s by collection size, median of {runs} runs ({uri})")
+    print(f"{'size':>9} {'new':>8} {'unchanged':>10} {'10% changed':>12}   cost vs {sizes[0]}")
+    base = None
+    for size in sizes:
+        medians = [statistics.median(r[i] for r in rates[size]) for i in range(3)]
+        base = base or medians
+        ratios = " ".join(f"x{b / m:.2f}" for b, m in zip(base, medians, strict=True))
+        print(f"{size:>9} {medians[0]:8.0f} {medians[1]:10.0f} {medians[2]:12.0f}   {ratios}")
+
+
 def main() -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(
@@ -139,7 +200,13 @@ def main() -> None:
         help="repetitions; medians are printed (default: %(default)s)",
     )
     parser.add_argument("--uri", help="an existing MongoDB/FerretDB instead of a private FerretDB")
+    parser.add_argument(
+        "--sizes", help="collection sizes, comma-separated (10000,100000,1000000): see above"
+    )
     args = parser.parse_args()
+    if args.sizes:
+        _main_sizes([int(float(n)) for n in args.sizes.split(",")], args.runs, args.uri)
+        return
     products = _products(args.items)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,6 +241,28 @@ def main() -> None:
     insert = rates["store batched"][0] / rates["update_one"][0]
     again = rates["store batched"][1] / rates["update_one"][1]
     print(f"batched / one-by-one: x{insert:.1f} insert, x{again:.1f} re-crawl")
+
+
+def _main_sizes(sizes: list[int], runs: int, uri: str | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        services = None
+        if uri is None:
+            services = ServicesConfig(
+                state_dir=Path(tmp) / "state", redis_port=free_port(), mongo_port=free_port()
+            )
+            start_mongo(services)
+            uri = services.mongo_url
+        rates: dict[int, list[tuple[float, ...]]] = {size: [] for size in sizes}
+        try:
+            for run in range(runs):
+                for size in sizes:
+                    journal = Path(tmp) / f"journal-{size}-{run}"
+                    rates[size].append(asyncio.run(_sized(uri, size, journal)))
+                    print(f"run {run + 1}, {size}: {rates[size][-1]}", flush=True)
+        finally:
+            if services is not None:
+                stop_service(services, "mongo")
+    _print_sizes(uri, sizes, rates)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""A TCP proxy in front of the test Redis that can lose one reply, as a network can.
+"""A TCP proxy in front of a test server (Redis, MongoDB) that loses or slows replies.
 
-A node pointed at it (``REDIS_URL`` of the proxy) talks to the real server through it. After
-:meth:`ReplyDropper.drop_next`, the next chunk the server sends that matches the pattern never
-reaches the node: the proxy closes that client's connection instead, after Redis ran the
-command. The node sees a connection error for a command that did run, the case a re-sent
-Lua step must survive (project/frontier/lua/step.lua, ``seq``).
+A node pointed at it (``REDIS_URL`` or ``MONGO_URI`` of the proxy) talks to the real server
+through it. After :meth:`TcpProxy.drop_next`, the next chunk the server sends that matches the
+pattern never reaches the node: the proxy closes that client's connection instead, after the
+server ran the command. The node sees a connection error for a command that did run, the case
+a re-sent Lua step must survive (project/frontier/lua/step.lua, ``seq``). With ``delay``, each
+chunk the server sends waits that long first: a server slower than the crawl.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ import contextlib
 import re
 import socket
 import threading
+import time
 from typing import Self
 
-__all__ = ["ReplyDropper"]
+__all__ = ["TcpProxy"]
 
 
-class ReplyDropper:
-    """Forwards 127.0.0.1:<port> to *target*; drops matching replies when armed."""
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to *target*; drops matching replies when armed, and holds
+    each reply *delay* seconds."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], delay: float = 0.0) -> None:
         self._target = target
+        self.delay = delay
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -32,9 +36,8 @@ class ReplyDropper:
         #: Replies dropped so far.
         self.dropped = 0
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+    def url(self, scheme: str = "redis", path: str = "/0") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def drop_next(self, pattern: bytes) -> None:
         """Lose the next server chunk matching the regex *pattern* (and that connection)."""
@@ -76,6 +79,8 @@ class ReplyDropper:
             while chunk := src.recv(65536):
                 if replies and self._take(chunk):
                     break  # the reply is lost with its connection
+                if replies and self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(chunk)
         except OSError:
             pass
