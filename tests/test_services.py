@@ -141,6 +141,35 @@ def test_mongo_round_trip_and_second_start_is_idempotent(
     assert start_mongo(cfg).pid == info.pid
 
 
+def test_the_embedded_mongodb_finds_and_updates_by_id_through_its_index(
+    services: ServicesConfig, mongo_db: str
+) -> None:
+    """The patched FerretDB build (project/ops/ferretdb/fleetcrawl_id.go): a filter's ``_id``,
+    alone, in a ``$in`` or beside other fields, is searched in the ``_id`` index, so storing an
+    item costs the same at 10^6 documents as at 10^4; other filters still scan."""
+    with pymongo.MongoClient(services.mongo_url, serverSelectionTimeoutMS=5000) as client:
+        database = client[mongo_db]
+        database.items.insert_many([{"_id": f"k{n}", "v": n} for n in range(20)])
+
+        def plan(query: dict[str, Any]) -> str:
+            explained = database.command("explain", {"find": "items", "filter": query})
+            return " ".join(explained["queryPlanner"]["Plan"])
+
+        for query in ({"_id": "k1"}, {"_id": {"$in": ["k1", "k2"]}}, {"_id": "k3", "v": 3}):
+            assert "USING INDEX" in plan(query), query
+        assert "SCAN" in plan({"v": 1})
+        # what an index search brings back is still filtered whole
+        found = list(database.items.find({"_id": {"$in": ["k1", "k2", "k9"]}, "v": {"$gt": 1}}))
+        assert sorted(doc["_id"] for doc in found) == ["k2", "k9"]
+        update = database.items.update_many({"_id": {"$in": ["k4", "k5"]}}, {"$set": {"w": 1}})
+        assert update.modified_count == 2
+        assert database.items.count_documents({"w": 1}) == 2
+    version = subprocess.run(
+        [str(ensure_ferretdb()), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "version: v1.24.2-fleetcrawl.1" in version
+
+
 def test_status_reports_running_and_stopped(cfg: ServicesConfig, spawned: list[int]) -> None:
     assert {name: found.state for name, found in status(cfg).items()} == {
         "redis": "stopped",
