@@ -164,7 +164,9 @@ async def _sized(uri: str, size: int, journal: Path) -> tuple[float, float, floa
     database = f"bench_{uuid.uuid4().hex[:8]}"
     try:
         _, new_rate = await _sized_pass(uri, database, journal, size, 0)
+        print(f"  {size}: new {new_rate:.0f}/s", flush=True)
         unchanged, _ = await _sized_pass(uri, database, journal, size, 0)
+        print(f"  {size}: unchanged {size / unchanged:.0f}/s", flush=True)
         changed, _ = await _sized_pass(uri, database, journal, size, 1)
         return new_rate, size / unchanged, size / changed
     finally:
