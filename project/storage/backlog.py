@@ -6,7 +6,7 @@ Every record the store takes waits until MongoDB, the fleet's outbox or the jour
 (``store_backpressure`` with ``behind=True``): the node's frontier starts no more downloads
 and leases nothing more, so responses, items and leases do not pile up in memory. Once half of
 each bound is left it says so again (``behind=False``) and downloads go on. Each episode is
-logged once, counted (``mongo/backpressure``, ``mongo/backpressure_seconds``), and the node's
+logged once, counted (``mongo/backpressure``, ``mongo/backpressure_ms``), and the node's
 heartbeat shows ``store_waiting`` and ``store_behind`` (``fleetcrawl status``), from the
 gauges ``mongo/waiting`` and ``mongo/behind``.
 """
@@ -106,7 +106,7 @@ class StoreBacklog:
     def _catch_up(self) -> None:
         self.behind = False
         seconds = time.monotonic() - self._since
-        self.stats.inc_value("mongo/backpressure_seconds", round(seconds, 3))
+        self.stats.inc_value("mongo/backpressure_ms", round(seconds * 1000))
         logger.info("The store caught up after %.1fs: downloads go on", seconds)
         self._send()
 
