@@ -42,7 +42,10 @@ def _dead_uri() -> str:
 
 async def _save(uri: str, database: str, journal: Path, keys: FrontierKeys, redis_url: str,
                 numbers: range, **settings: Any) -> tuple[dict[str, Any], Any]:  # fmt: skip
-    """A fleet node's store (it heard the frontier's keys) saving products *numbers*."""
+    """A fleet node's store (it heard the frontier's keys) saving products *numbers*. Against
+    a live MongoDB it waits up to 30 s to drain what waits (a loaded machine is slow to read a
+    70 MiB entry); calls against a dead one give their own MONGO_DRAIN_TIMEOUT."""
+    settings.setdefault("MONGO_DRAIN_TIMEOUT", 30.0)
     store, stats = make_store(uri, database, journal, REDIS_URL=redis_url, **settings)
     store.frontier_ready(keys)
     await store.open()
