@@ -18,9 +18,12 @@ every modified document costs about the same however it is sent, so the re-crawl
 ``--sizes``: the cost of storing an item as the collection grows. For each size N, in a fresh
 database, ``MongoStore`` stores N new products (the rate of the last tenth is the rate at N),
 then all N again unchanged (a recrawl: ``last_seen`` bumps), then all N again with one in ten
-changed (new price: a content rewrite and a change-history document). Prints items/s of each
-pass and the per-item cost at each size as a ratio to the smallest (goal: at most 1.5x from
-10^4 to 10^6, and at least 1,000 items/s at 10^6).
+changed (new price: a content rewrite and a change-history document), then touches all N
+(``last_seen`` moved without content, as a 304 does: one record per page of one item), then
+marks one in ten gone (as a listing that no longer names them does: a record per 10 items,
+each a ``gone_at`` and a change-history document). Building the products (the spider's work)
+is not counted. Prints items/s of each pass and the per-item cost at each size as a ratio to
+the smallest (goal: at most 1.5x from 10^4 to 10^6, and at least 1,000 items/s at 10^6).
 """
 
 from __future__ import annotations
@@ -136,39 +139,87 @@ async def _run(
 _CHUNK = 2000  # products submitted at once (CONCURRENT_ITEMS across a fleet's nodes)
 
 
-async def _sized_pass(
-    uri: str, database: str, journal: Path, size: int, epoch: int
-) -> tuple[float, float]:
-    """Store products 0..size-1 (epoch: see _products): seconds of the pass, and items/s of
-    its last tenth (from the first chunk past nine tenths)."""
+def _sized_store(uri: str, database: str, journal: Path) -> MongoStore:
     crawler = get_crawler(
         _BenchSpider,
         {"MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_JOURNAL_DIR": str(journal)},
     )
-    store = MongoStore.from_crawler(crawler)
+    return MongoStore.from_crawler(crawler)
+
+
+async def _sized_pass(
+    uri: str, database: str, journal: Path, size: int, epoch: int
+) -> tuple[float, float]:
+    """Store products 0..size-1 (epoch: see _products): seconds of the pass, and items/s of
+    its last tenth (from the first chunk past nine tenths); building products not counted."""
+    store = _sized_store(uri, database, journal)
     await store.open()
-    started = time.perf_counter()
-    tenth_at, tenth_from = None, 0
+    spent, tenth_spent, tenth_from = 0.0, None, 0
     for start in range(0, size, _CHUNK):
-        if tenth_at is None and start >= size - size // 10:
-            tenth_at, tenth_from = time.perf_counter(), start
+        if tenth_spent is None and start >= size - size // 10:
+            tenth_spent, tenth_from = spent, start
         chunk = _products(min(_CHUNK, size - start), start, epoch)
+        began = time.perf_counter()
         await asyncio.gather(*(store.save_product(p) for p in chunk))
+        spent += time.perf_counter() - began
+    began = time.perf_counter()
     await store.close()  # the last batches are written
-    done = time.perf_counter()
-    return done - started, (size - tenth_from) / (done - (tenth_at or started))
+    spent += time.perf_counter() - began
+    return spent, (size - tenth_from) / (spent - (tenth_spent or 0.0))
 
 
-async def _sized(uri: str, size: int, journal: Path) -> tuple[float, float, float]:
-    """items/s storing *size* new products (at the last tenth), unchanged, 10 % changed."""
+async def _refs_pass(
+    uri: str, database: str, journal: Path, size: int, per_record: int, gone: bool
+) -> float:
+    """Seconds to touch products 0..size-1 (*gone*: mark one in ten gone), *per_record* ids
+    in each touch or gone record."""
+    store = _sized_store(uri, database, journal)
+    await store.open()
+    step = 10 if gone else 1
+    keys = [f"http://shop.test/product/{n}" for n in range(0, size, step)]
+    refs = [("products", key) for key in keys]
+    before = time.time()  # every product was seen before it: all of them are marked
+    began = time.perf_counter()
+    per_chunk = _CHUNK * per_record
+    for start in range(0, len(refs), per_chunk):
+        chunk = refs[start : start + per_chunk]
+        records = [chunk[i : i + per_record] for i in range(0, len(chunk), per_record)]
+        if gone:
+            await asyncio.gather(*(store.gone(r, before=before) for r in records))
+        else:
+            await asyncio.gather(*(store.touch(r) for r in records))
+    await store.close()
+    spent = time.perf_counter() - began
+    if gone:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+        marked = await client[database]["products"].count_documents(
+            {"_id": {"$in": keys[:50]}, "gone_at": {"$exists": True}}
+        )
+        await client.close()
+        assert marked == min(50, len(keys)), f"{marked} of the first 50 marked gone"
+    return spent
+
+
+#: Passes of ``--sizes``, in order.
+_PASSES = ("new", "unchanged", "10% changed", "touched", "10% gone")
+
+
+async def _sized(uri: str, size: int, journal: Path) -> tuple[float, ...]:
+    """items/s of each of _PASSES at *size* (new: at the last tenth)."""
     database = f"bench_{uuid.uuid4().hex[:8]}"
+    rates: list[float] = []
+
+    def done(rate: float) -> None:
+        rates.append(rate)
+        print(f"  {size}: {_PASSES[len(rates) - 1]} {rate:.0f}/s", flush=True)
+
     try:
-        _, new_rate = await _sized_pass(uri, database, journal, size, 0)
-        print(f"  {size}: new {new_rate:.0f}/s", flush=True)
-        unchanged, _ = await _sized_pass(uri, database, journal, size, 0)
-        print(f"  {size}: unchanged {size / unchanged:.0f}/s", flush=True)
-        changed, _ = await _sized_pass(uri, database, journal, size, 1)
-        return new_rate, size / unchanged, size / changed
+        done((await _sized_pass(uri, database, journal, size, 0))[1])
+        done(size / (await _sized_pass(uri, database, journal, size, 0))[0])
+        done(size / (await _sized_pass(uri, database, journal, size, 1))[0])
+        done(size / await _refs_pass(uri, database, journal, size, 1, gone=False))
+        done(size / 10 / await _refs_pass(uri, database, journal, size, 10, gone=True))
+        return tuple(rates)
     finally:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
         await client.drop_database(database)
@@ -178,13 +229,16 @@ async def _sized(uri: str, size: int, journal: Path) -> tuple[float, float, floa
 def _print_sizes(uri: str, sizes: list[int], rates: dict[int, list[tuple[float, ...]]]) -> None:
     runs = len(next(iter(rates.values())))
     print(f"items/s by collection size, median of {runs} runs ({uri})")
-    print(f"{'size':>9} {'new':>8} {'unchanged':>10} {'10% changed':>12}   cost vs {sizes[0]}")
+    print(f"{'size':>9} " + " ".join(f"{name:>12}" for name in _PASSES))
     base = None
     for size in sizes:
-        medians = [statistics.median(r[i] for r in rates[size]) for i in range(3)]
+        medians = [statistics.median(r[i] for r in rates[size]) for i in range(len(_PASSES))]
         base = base or medians
-        ratios = " ".join(f"x{b / m:.2f}" for b, m in zip(base, medians, strict=True))
-        print(f"{size:>9} {medians[0]:8.0f} {medians[1]:10.0f} {medians[2]:12.0f}   {ratios}")
+        print(f"{size:>9} " + " ".join(f"{m:12.0f}" for m in medians))
+        ratios = " ".join(
+            f"{'x' + format(b / m, '.2f'):>12}" for b, m in zip(base, medians, strict=True)
+        )
+        print(f"{'cost':>9} {ratios}")
 
 
 def main() -> None:
