@@ -76,22 +76,23 @@ def _products(count: int, start: int = 0, epoch: int = 0) -> list[Product]:
 async def _store_pass(
     uri: str, database: str, journal: Path, products: list[Product], batch_size: int
 ) -> float:
-    crawler = get_crawler(
-        _BenchSpider,
-        {
-            "MONGO_URI": uri,
-            "MONGO_DATABASE": database,
-            "MONGO_JOURNAL_DIR": str(journal),
-            "MONGO_BATCH_SIZE": batch_size,
-        },
-    )
-    store = MongoStore.from_crawler(crawler)
+    store = _bench_store(uri, database, journal, MONGO_BATCH_SIZE=batch_size)
     await store.open()
     started = time.perf_counter()
     await asyncio.gather(*(store.save_product(p) for p in products))
     elapsed = time.perf_counter() - started
     await store.close()
     return elapsed
+
+
+def _bench_store(uri: str, database: str, journal: Path, **settings: Any) -> MongoStore:
+    """A store on *database*, journaling to *journal*, with *settings* over the defaults."""
+    crawler = get_crawler(
+        _BenchSpider,
+        {"MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_JOURNAL_DIR": str(journal),
+         **settings},
+    )  # fmt: skip
+    return MongoStore.from_crawler(crawler)
 
 
 async def _update_one_pass(uri: str, database: str, products: list[Product]) -> float:
@@ -139,20 +140,12 @@ async def _run(
 _CHUNK = 2000  # products submitted at once (CONCURRENT_ITEMS across a fleet's nodes)
 
 
-def _sized_store(uri: str, database: str, journal: Path) -> MongoStore:
-    crawler = get_crawler(
-        _BenchSpider,
-        {"MONGO_URI": uri, "MONGO_DATABASE": database, "MONGO_JOURNAL_DIR": str(journal)},
-    )
-    return MongoStore.from_crawler(crawler)
-
-
 async def _sized_pass(
     uri: str, database: str, journal: Path, size: int, epoch: int
 ) -> tuple[float, float]:
     """Store products 0..size-1 (epoch: see _products): seconds of the pass, and items/s of
     its last tenth (from the first chunk past nine tenths); building products not counted."""
-    store = _sized_store(uri, database, journal)
+    store = _bench_store(uri, database, journal)
     await store.open()
     spent, tenth_spent, tenth_from = 0.0, None, 0
     for start in range(0, size, _CHUNK):
@@ -173,7 +166,7 @@ async def _refs_pass(
 ) -> float:
     """Seconds to touch products 0..size-1 (*gone*: mark one in ten gone), *per_record* ids
     in each touch or gone record."""
-    store = _sized_store(uri, database, journal)
+    store = _bench_store(uri, database, journal)
     await store.open()
     step = 10 if gone else 1
     keys = [f"http://shop.test/product/{n}" for n in range(0, size, step)]
