@@ -18,6 +18,8 @@ from scrapy.exceptions import NotConfigured
 
 from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationConfig, ValidationPipeline
+from project.blocking.config import BlockConfig
+from project.blocking.middleware import BlockDetectionMiddleware
 from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
 from project.frontier.config import FLEET_RETRY_TIMES, FrontierConfig, RetryConfig
@@ -90,6 +92,9 @@ _DOWNLOADER_MIDDLEWARES = {
     RenderingMiddleware: 560,
     # Between HttpCompression (590) and the retries: a 304 is "unchanged", not an error.
     RevisitMiddleware: 580,
+    # After redirects and HttpCompression, before the revisits and retries: a blocked page
+    # is never parsed, and a 403 or 429 is a block before it is an error.
+    BlockDetectionMiddleware: 585,
     # Last before the download handler (after HttpCache's 900): a node back from a stall
     # sends nothing before it knows it still holds a permit for it.
     PermitGateMiddleware: 950,
@@ -172,6 +177,7 @@ def _check(settings: BaseSettings) -> None:
     if MonitorConfig.from_settings(settings).enabled:
         StatsFileConfig.from_settings(settings)
     RenderingConfig.from_settings(settings)
+    BlockConfig.from_settings(settings)
     runs = RunsConfig.from_settings(settings)
     if RevisitConfig.from_settings(settings).rules and not runs.enabled:
         # a page is revisited once per crawl run: without runs, pages linking each other

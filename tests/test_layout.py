@@ -538,7 +538,8 @@ def test_no_code_repeats_a_settings_default() -> None:
 
 
 #: The fleet's own prefixes, one per component (docs/settings.md, "Names").
-_PREFIXES = ("FRONTIER_", "MONGO_", "VALIDATION_", "RUNS_", "PLAYWRIGHT_", "MONITOR_", "DASHBOARD_")
+_PREFIXES = ("FRONTIER_", "MONGO_", "VALIDATION_", "RUNS_", "PLAYWRIGHT_", "MONITOR_", "DASHBOARD_",
+             "BLOCK_")  # fmt: skip
 #: Names of Scrapy, scrapy-redis and scrapy-playwright the Configs read as they are.
 _LIBRARY_NAMES = re.compile(
     r"(REDIS_\w+|SCHEDULER_\w+|MAX_IDLE_TIME_BEFORE_CLOSE|DUPEFILTER_DEBUG|DOWNLOAD_SLOTS"
@@ -648,6 +649,6 @@ def test_project_package_is_one_folder_per_capability() -> None:
         p.name for p in Path(project.__file__).parent.iterdir() if not p.name.startswith("__")
     )
     assert top == [
-        "addon.py", "config.py", "frontier", "items.py", "monitoring", "ops", "rendering", "runs",
-        "schema.py", "settings.py", "storage", "templates", "utils.py",
+        "addon.py", "blocking", "config.py", "frontier", "items.py", "monitoring", "ops",
+        "rendering", "runs", "schema.py", "settings.py", "storage", "templates", "utils.py",
     ]  # fmt: skip

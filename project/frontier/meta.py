@@ -7,6 +7,7 @@ wire read them from here, and none of those has to import another to learn a key
 from __future__ import annotations
 
 __all__ = [
+    "BLOCK_TRIES_META_KEY",
     "LEASE_META_KEY",
     "NODE_LOCAL_META_KEYS",
     "OUTCOME_META_KEY",
@@ -37,6 +38,9 @@ REVISIT_OUT_META_KEY = "_fleet_revisit_out"
 #: True``: a render that failed, an error answered with 200): what it yielded is not all the
 #: page has, so its fetch marks nothing gone (project/frontier/revisit.py).
 REVISIT_UNSURE_META_KEY = "revisit_unsure"
+#: Tries of a request that were blocked (project/blocking/middleware.py): it travels with
+#: the retry copy, through Redis.
+BLOCK_TRIES_META_KEY = "_fleet_block_tries"
 #: The fleet's fetch lock of a robots.txt request.
 ROBOTS_LOCK_META_KEY = "_fleet_robots_lock"
 #: The site whose robots.txt a request fetches: meta survives redirects, so a copy that came

@@ -14,6 +14,7 @@ from scrapy.utils.response import response_status_message
 
 from project.frontier.config import RetryConfig
 from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from typing import Self
@@ -117,9 +118,16 @@ class RetryPolicy:
             self.give_up(request, error, "max_reached")
             return None
         retries = int(copy.meta["retry_times"]) - 1
-        delay = max(
-            at_least, backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
-        )
+        self.again(request, copy, max(at_least, self.backoff(retries)), error)
+        return copy
+
+    def backoff(self, retries: int) -> float:
+        """Seconds the retry after *retries* earlier ones waits (jittered)."""
+        return backoff_delay(retries, self.config.backoff_base, self.config.backoff_max)
+
+    def again(self, request: Request, copy: Request, delay: float, error: str) -> None:
+        """*request* leaves the engine to be tried again as *copy*, through Redis, in *delay*
+        seconds: its lease settles as that retry."""
         copy.meta[RETRY_COPY_META_KEY] = True
         request.meta[OUTCOME_META_KEY] = {
             "action": "retry",
@@ -129,15 +137,15 @@ class RetryPolicy:
         }
         self.stats.inc_value("frontier/retry/count")
         self.stats.inc_value(f"frontier/retry/reason/{error.split(':')[0]}")
-        return copy
 
-    def give_up(self, request: Request, error: str, why: str) -> None:
-        attempts = int(request.meta.get("retry_times", 0)) + 1
+    def give_up(self, request: Request, error: str, why: str, attempts: int | None = None) -> None:
+        if attempts is None:
+            attempts = int(request.meta.get("retry_times", 0)) + 1
         request.meta[OUTCOME_META_KEY] = {"action": "dead", "error": error, "attempts": attempts}
         self.stats.inc_value(f"frontier/retry/{why}")
         logger.warning(
             "Giving up on %s after %d attempts (%s): dead-lettered",
-            request.url,
+            mask_url(request.url),
             attempts,
             error,
         )

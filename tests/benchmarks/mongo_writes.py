@@ -2,6 +2,7 @@
 
     python -m tests.benchmarks.mongo_writes [--items 500] [--runs 5] [--uri mongodb://...]
     python -m tests.benchmarks.mongo_writes --sizes 10000,100000 [--runs 1] [--uri ...]
+        [--passes new,touched] [--repeat 3]
 
 Same run, same FerretDB (a private one unless ``--uri``), fresh database per variant and run.
 Each run writes ``--items`` new products (insert pass), then the same products again
@@ -24,6 +25,9 @@ marks one in ten gone (as a listing that no longer names them does: a record per
 each a ``gone_at`` and a change-history document). Building the products (the spider's work)
 is not counted. Prints items/s of each pass and the per-item cost at each size as a ratio to
 the smallest (goal: at most 1.5x from 10^4 to 10^6, and at least 1,000 items/s at 10^6).
+``--passes`` times some of the passes (new always runs: the others need its collection);
+``--repeat K`` runs each pass but new and gone K times on the same collection and keeps the
+median, so one pass can be measured several times at 10^6 without rebuilding it.
 """
 
 from __future__ import annotations
@@ -197,21 +201,38 @@ async def _refs_pass(
 _PASSES = ("new", "unchanged", "10% changed", "touched", "10% gone")
 
 
-async def _sized(uri: str, size: int, journal: Path) -> tuple[float, ...]:
-    """items/s of each of _PASSES at *size* (new: at the last tenth)."""
+async def _sized(
+    uri: str, size: int, journal: Path, passes: tuple[str, ...], repeat: int
+) -> tuple[float, ...]:
+    """items/s of each of *passes* (of _PASSES) at *size*, new at the last tenth; a pass other
+    than new and gone is run *repeat* times on the same collection, its median kept (changed
+    passes alternate two prices, so each repeat rewrites the same one in ten)."""
     database = f"bench_{uuid.uuid4().hex[:8]}"
     rates: list[float] = []
 
-    def done(rate: float) -> None:
-        rates.append(rate)
-        print(f"  {size}: {_PASSES[len(rates) - 1]} {rate:.0f}/s", flush=True)
+    async def timed(name: str, turn: int) -> float:
+        if name == "new":
+            return (await _sized_pass(uri, database, journal, size, 0))[1]
+        if name == "unchanged":
+            return size / (await _sized_pass(uri, database, journal, size, 0))[0]
+        if name == "10% changed":
+            return size / (await _sized_pass(uri, database, journal, size, 1 + turn % 2))[0]
+        if name == "touched":
+            return size / await _refs_pass(uri, database, journal, size, 1, gone=False)
+        return size / 10 / await _refs_pass(uri, database, journal, size, 10, gone=True)
 
     try:
-        done((await _sized_pass(uri, database, journal, size, 0))[1])
-        done(size / (await _sized_pass(uri, database, journal, size, 0))[0])
-        done(size / (await _sized_pass(uri, database, journal, size, 1))[0])
-        done(size / await _refs_pass(uri, database, journal, size, 1, gone=False))
-        done(size / 10 / await _refs_pass(uri, database, journal, size, 10, gone=True))
+        for name in _PASSES:
+            if name != "new" and name not in passes:
+                continue  # new always runs: the other passes need its collection
+            turns = [
+                await timed(name, turn)
+                for turn in range(1 if name in ("new", "10% gone") else repeat)
+            ]
+            if name in passes:
+                rates.append(statistics.median(turns))
+                shown = " ".join(f"{t:.0f}" for t in turns)
+                print(f"  {size}: {name} {rates[-1]:.0f}/s ({shown})", flush=True)
         return tuple(rates)
     finally:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
@@ -219,13 +240,15 @@ async def _sized(uri: str, size: int, journal: Path) -> tuple[float, ...]:
         await client.close()
 
 
-def _print_sizes(uri: str, sizes: list[int], rates: dict[int, list[tuple[float, ...]]]) -> None:
+def _print_sizes(
+    uri: str, sizes: list[int], passes: tuple[str, ...], rates: dict[int, list[tuple[float, ...]]]
+) -> None:
     runs = len(next(iter(rates.values())))
     print(f"items/s by collection size, median of {runs} runs ({uri})")
-    print(f"{'size':>9} " + " ".join(f"{name:>12}" for name in _PASSES))
+    print(f"{'size':>9} " + " ".join(f"{name:>12}" for name in passes))
     base = None
     for size in sizes:
-        medians = [statistics.median(r[i] for r in rates[size]) for i in range(len(_PASSES))]
+        medians = [statistics.median(r[i] for r in rates[size]) for i in range(len(passes))]
         base = base or medians
         print(f"{size:>9} " + " ".join(f"{m:12.0f}" for m in medians))
         ratios = " ".join(
@@ -252,9 +275,27 @@ def main() -> None:
     parser.add_argument(
         "--sizes", help="collection sizes, comma-separated (10000,100000,1000000): see above"
     )
+    parser.add_argument(
+        "--passes",
+        default=",".join(_PASSES),
+        help="with --sizes: the passes to time, comma-separated; new always runs first "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --sizes: run each pass but new and gone this many times on one collection "
+        "and keep the median (cheaper than --runs, which rebuilds it; default: %(default)s)",
+    )
     args = parser.parse_args()
     if args.sizes:
-        _main_sizes([int(float(n)) for n in args.sizes.split(",")], args.runs, args.uri)
+        passes = tuple(name for name in _PASSES if name in args.passes.split(","))
+        unknown = set(args.passes.split(",")) - set(_PASSES)
+        if unknown:
+            parser.error(f"unknown passes {sorted(unknown)}; they are {', '.join(_PASSES)}")
+        sizes = [int(float(n)) for n in args.sizes.split(",")]
+        _main_sizes(sizes, args.runs, args.uri, passes, args.repeat)
         return
     products = _products(args.items)
 
@@ -292,7 +333,9 @@ def main() -> None:
     print(f"batched / one-by-one: x{insert:.1f} insert, x{again:.1f} re-crawl")
 
 
-def _main_sizes(sizes: list[int], runs: int, uri: str | None) -> None:
+def _main_sizes(
+    sizes: list[int], runs: int, uri: str | None, passes: tuple[str, ...], repeat: int
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         services = None
         if uri is None:
@@ -306,12 +349,12 @@ def _main_sizes(sizes: list[int], runs: int, uri: str | None) -> None:
             for run in range(runs):
                 for size in sizes:
                     journal = Path(tmp) / f"journal-{size}-{run}"
-                    rates[size].append(asyncio.run(_sized(uri, size, journal)))
+                    rates[size].append(asyncio.run(_sized(uri, size, journal, passes, repeat)))
                     print(f"run {run + 1}, {size}: {rates[size][-1]}", flush=True)
         finally:
             if services is not None:
                 stop_service(services, "mongo")
-    _print_sizes(uri, sizes, rates)
+    _print_sizes(uri, sizes, passes, rates)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from tests.site.defense import ANSWERS, MIXED, parse_ban
 from tests.site.epochs import MAX_EPOCH
 
 if TYPE_CHECKING:
@@ -57,9 +58,19 @@ class ShopConfig:
     epoch_added: float = 0.02
     epoch_removed: float = 0.02
 
+    #: Defence (tests.site.defense): (address, answer) banned from the start, the requests a
+    #: minute past which an address is banned (0: never), and what such a ban answers.
+    bans: tuple[tuple[str, str], ...] = field(default=())
+    ban_after: int = 0
+    ban_answer: str = "challenge"
+    #: Every page blocked the first this many times it is asked for, with this answer.
+    block_first: int = 0
+    block_first_answer: str = "mixed"
+
     def as_dict(self) -> dict[str, object]:
         """JSON-ready copy, as shown in ``/_stats``."""
         data = asdict(self)
+        data["bans"] = [list(ban) for ban in self.bans]
         data["robots_disallow"] = list(self.robots_disallow)
         data["slow_paths"] = list(self.slow_paths)
         data["hostile_ports"] = list(self.hostile_ports)
@@ -211,7 +222,48 @@ def _build_parser() -> argparse.ArgumentParser:
         default=0.02,
         help="share of the plain products each epoch removes (default: %(default)s)",
     )
+    add(
+        "--ban",
+        action="append",
+        type=_ban,
+        default=[],
+        metavar="ADDRESS[=ANSWER]",
+        help="a client address banned from the start, answered "
+        + "|".join(ANSWERS)
+        + " (default challenge; repeatable)",
+    )
+    add(
+        "--ban-after",
+        type=_count,
+        default=0,
+        help="ban an address that sends more requests than this within a minute (0: never)",
+    )
+    add(
+        "--ban-answer",
+        choices=ANSWERS,
+        default="challenge",
+        help="what an address banned by --ban-after gets (default: %(default)s)",
+    )
+    add(
+        "--block-first",
+        type=_count,
+        default=0,
+        help="block every page the first N times it is asked for (default: %(default)s)",
+    )
+    add(
+        "--block-first-answer",
+        choices=(*ANSWERS, MIXED),
+        default=MIXED,
+        help="what those blocks answer; mixed: one by the page (default: %(default)s)",
+    )
     return parser
+
+
+def _ban(text: str) -> tuple[str, str]:
+    try:
+        return parse_ban(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
@@ -228,4 +280,5 @@ def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
     options["robots_disallow"] = tuple(options["robots_disallow"])
     options["slow_paths"] = tuple(options["slow_paths"])
     options["hostile_ports"] = tuple(options["hostile_ports"])
+    options["bans"] = tuple(options.pop("ban"))
     return ShopConfig(**options)

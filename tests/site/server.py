@@ -27,6 +27,7 @@ from tests.site.articles import generate_journal
 from tests.site.books import generate_library
 from tests.site.catalogue import KINDS, generate_catalogue
 from tests.site.conditional import entity_tag, http_date, last_modified, not_modified
+from tests.site.defense import Defense
 from tests.site.epochs import CatalogueHistory, EpochShares
 from tests.site.hostile import HugeBody, stall
 from tests.site.pages import (
@@ -111,6 +112,13 @@ class ShopResource(Resource):
         #: Paths answered with an error status until told otherwise (``/_fail``): a site in
         #: maintenance for one crawl.
         self._failing: dict[str, int] = {}
+        self._defense = Defense(
+            config.bans,
+            config.ban_after,
+            config.ban_answer,
+            config.block_first,
+            config.block_first_answer,
+        )
         self._serve(config.epoch)
 
     def _serve(self, epoch: int) -> None:
@@ -144,6 +152,12 @@ class ShopResource(Resource):
         if (status := self._failing.get(path)) is not None:
             self._stats.record_status(status)
             return self._respond(request, Reply(status, render_error(status, "Failing").encode()))
+        address = request.getClientAddress()
+        defended = self._defense.answer(getattr(address, "host", ""), path)
+        if defended is not None:
+            reply = self._defense.reply(defended, request.uri.decode("utf-8", "replace"))
+            self._stats.record_status(reply.status)
+            return self._respond(request, reply)
         hostile = self._hostile_name(path)
         if hostile is not None:
             return self._hostile(request, hostile)
@@ -163,9 +177,24 @@ class ShopResource(Resource):
             payload.update(config=self._config.as_dict(), expected=self._expected)
             payload["hostile_links"] = [href for _, href in self._hostile_links]
             payload["epoch"] = self._epoch
+            payload.update(self._defense.as_dict())
             return self._json(request, payload)
+        if path == "/_ban":
+            # /_ban?address=127.0.0.3&answer=403 (off=1: lift the ban)
+            target = request.args.get(b"address", [b""])[0].decode("utf-8", "replace")
+            answer = request.args.get(b"answer", [b"challenge"])[0].decode("utf-8", "replace")
+            try:
+                if request.args.get(b"off"):
+                    self._defense.unban(target)
+                else:
+                    self._defense.ban(target, answer)
+            except ValueError as exc:
+                request.setResponseCode(400)
+                return self._json(request, {"error": str(exc)})
+            return self._json(request, {"banned": self._defense.banned})
         if path == "/_reset":
             self._stats.reset()
+            self._defense.reset()
             return self._json(request, {"reset": True})
         if path == "/_timeline":
             return self._json(request, self._stats.timeline_dict())
@@ -598,6 +627,12 @@ class ShopServer:
     def reset(self) -> None:
         """Clear the counters and the flaky/burst progress."""
         self._get_json("/_reset")
+
+    def ban(self, address: str, answer: str = "challenge", *, off: bool = False) -> None:
+        """Ban the client *address* with *answer* from now on (tests.site.defense); *off*: lift
+        its ban."""
+        query = {"address": address, "answer": answer, **({"off": "1"} if off else {})}
+        self._get_json("/_ban?" + urllib.parse.urlencode(query))
 
     def fail(self, path: str, status: int) -> None:
         """Answer *path* (as linked, without its query) with *status* from now on; 0: as

@@ -1,0 +1,222 @@
+"""Local forward HTTP proxies, each sending from its own loopback address.
+
+``python -m tests.site.proxies --source 127.0.0.2 --source 127.0.0.3 [--auth user:secret]``
+starts one proxy per source, each listening on 127.0.0.1 at a free port and connecting to the
+site from its source address, so a site behind them (the test shop, tests.site.defense) sees
+one client address per proxy. It prints ``LISTENING <source> http://127.0.0.1:<port>`` per
+proxy, then serves until SIGTERM. With ``--auth``, a request without that Proxy-Authorization
+(Basic) is answered 407. ``GET /_stats`` to a proxy itself (not a proxied URL) answers
+``{"source": ..., "requests": n, "refused": n}``. Plain HTTP only (no CONNECT): the shop is
+HTTP.
+
+:class:`ProxyRig` runs them for a ``with`` block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Self, cast
+
+from twisted.web.http import HTTPFactory
+from twisted.web.proxy import Proxy, ProxyRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+    from twisted.internet.posixbase import PosixReactorBase
+
+__all__ = ["ProxyRig"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class _Counts:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.requests = 0
+        self.refused = 0
+
+
+def _request_class(
+    source: str, counts: _Counts, auth: bytes | None, reactor: PosixReactorBase
+) -> type[ProxyRequest]:
+    class SourcedRequest(ProxyRequest):
+        def process(self) -> None:
+            if not self.uri.startswith(b"http://"):
+                self._own()
+                return
+            given = self.getHeader(b"proxy-authorization")
+            if auth is not None and given != auth:
+                counts.refused += 1
+                self.setResponseCode(407)
+                self.setHeader(b"proxy-authenticate", b'Basic realm="rig"')
+                self.finish()
+                return
+            counts.requests += 1
+            self.requestHeaders.removeHeader(b"proxy-authorization")
+            host_port = self.uri[len(b"http://") :].split(b"/", 1)[0].decode("ascii")
+            host, _, port = host_port.partition(":")
+            rest = self.uri[len(b"http://") + len(host_port) :] or b"/"
+            headers = self.getAllHeaders().copy()
+            headers.setdefault(b"host", host_port.encode("ascii"))
+            self.content.seek(0, 0)
+            body = self.content.read()
+            factory = self.protocols[b"http"](
+                self.method, rest, self.clientproto, headers, body, self
+            )
+            reactor.connectTCP(host, int(port or 80), factory, bindAddress=(source, 0))
+
+        def _own(self) -> None:
+            if self.uri.split(b"?")[0] == b"/_stats":
+                self.setHeader(b"content-type", b"application/json")
+                self.write(
+                    json.dumps(
+                        {"source": source, "requests": counts.requests, "refused": counts.refused}
+                    ).encode()
+                )
+            else:
+                self.setResponseCode(400)
+            self.finish()
+
+    return SourcedRequest
+
+
+class _QuietFactory(HTTPFactory):
+    """No access log."""
+
+    def log(self, request: object) -> None:
+        pass
+
+
+def _serve(sources: Sequence[str], auth: str | None) -> None:
+    from twisted.internet import reactor as installed
+
+    reactor = cast("PosixReactorBase", installed)
+    header = b"Basic " + base64.b64encode(auth.encode()) if auth else None
+    for source in sources:
+        request_class = _request_class(source, _Counts(source), header, reactor)
+
+        class SourcedProxy(Proxy):
+            requestFactory = request_class
+
+        factory = _QuietFactory()
+        factory.protocol = SourcedProxy
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        sys.stdout.write(f"LISTENING {source} http://127.0.0.1:{port.getHost().port}\n")
+    sys.stdout.flush()
+    reactor.run()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the command line and serve the proxies."""
+    parser = argparse.ArgumentParser(prog="python -m tests.site.proxies", description=__doc__)
+    parser.add_argument("--source", action="append", required=True, help="a loopback address")
+    parser.add_argument("--auth", help="user:password every request must send (Basic)")
+    args = parser.parse_args(argv)
+    _serve(args.source, args.auth)
+
+
+class ProxyRig:
+    """Proxies from 127.0.0.2 on (*count* of them) in a subprocess, for a ``with`` block.
+
+    ``urls`` are the proxies' URLs (with ``user:password@`` when *auth*), ``sources`` the
+    address each sends from, in the same order.
+    """
+
+    def __init__(self, count: int, *, auth: str | None = None, first: int = 2) -> None:
+        self.sources = [f"127.0.0.{first + n}" for n in range(count)]
+        self._auth = auth
+        self.urls: list[str] = []
+        self._plain: list[str] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+
+    def start(self) -> Self:
+        args = [sys.executable, "-m", "tests.site.proxies"]
+        for source in self.sources:
+            args += ["--source", source]
+        if self._auth:
+            args += ["--auth", self._auth]
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        self._process = subprocess.Popen(
+            args, cwd=_REPO_ROOT, env=os.environ, stdout=subprocess.PIPE, stderr=self._stderr
+        )
+        try:
+            self._plain = self._read_urls(self._process)
+        except BaseException:
+            self.stop()
+            raise
+        credentials = f"{self._auth}@" if self._auth else ""
+        self.urls = [url.replace("http://", f"http://{credentials}") for url in self._plain]
+        return self
+
+    def _read_urls(self, process: subprocess.Popen[bytes]) -> list[str]:
+        assert process.stdout is not None
+        urls: list[str] = []
+        deadline = time.monotonic() + 20
+        while len(urls) < len(self.sources) and time.monotonic() < deadline:
+            ready, _, _ = select.select([process.stdout], [], [], 1.0)
+            if not ready:
+                continue
+            line = process.stdout.readline().decode("utf-8", "replace").split()
+            if len(line) != 3 or line[0] != "LISTENING":
+                break
+            urls.append(line[2])
+        if len(urls) < len(self.sources):
+            errors = b""
+            if self._stderr is not None:
+                self._stderr.seek(0)
+                errors = self._stderr.read()[-2000:]
+            raise RuntimeError(f"the proxies did not start: {errors.decode('utf-8', 'replace')}")
+        return urls
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each proxy's ``/_stats``, in order."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        answers = []
+        for url in self._plain:
+            with opener.open(url + "/_stats", timeout=10) as response:
+                answers.append(json.load(response))
+        return answers
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    main()
