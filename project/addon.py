@@ -18,7 +18,7 @@ from scrapy.exceptions import NotConfigured
 
 from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationConfig, ValidationPipeline
-from project.blocking.config import BlockConfig
+from project.blocking.config import BlockConfig, SessionConfig
 from project.blocking.middleware import BlockDetectionMiddleware
 from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
@@ -178,6 +178,7 @@ def _check(settings: BaseSettings) -> None:
         StatsFileConfig.from_settings(settings)
     RenderingConfig.from_settings(settings)
     BlockConfig.from_settings(settings)
+    SessionConfig.from_settings(settings)
     runs = RunsConfig.from_settings(settings)
     if RevisitConfig.from_settings(settings).rules and not runs.enabled:
         # a page is revisited once per crawl run: without runs, pages linking each other

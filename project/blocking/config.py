@@ -1,21 +1,33 @@
-"""BLOCK_*: which answers are blocks, and how often a blocked request is tried."""
+"""BLOCK_*: which answers are blocks, and how often a blocked request is tried; SESSION_* and
+PROXY_*: the fleet's sessions and proxies."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy.exceptions import NotConfigured
 
 from project.config import read_settings, setting
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from typing import Self
 
     from scrapy.settings import BaseSettings
 
-__all__ = ["DEFAULT_CHALLENGE_URLS", "DEFAULT_MARKERS", "BlockConfig"]
+__all__ = [
+    "DEFAULT_CHALLENGE_URLS",
+    "DEFAULT_MARKERS",
+    "BlockConfig",
+    "Proxy",
+    "SessionConfig",
+    "parse_proxy_pool",
+]
 
 #: Regexes (case-insensitive) over the start of an HTML body that only challenge and denial
 #: pages carry: Cloudflare's interstitial and block pages, Imperva (Incapsula, Distil),
@@ -78,4 +90,115 @@ class BlockConfig:
             raise NotConfigured(f"BLOCK_SOFT_RATIO must be within [0, 1): {values['soft_ratio']}")
         if values["max_tries"] < 1:
             raise NotConfigured(f"BLOCK_MAX_TRIES must be at least 1: {values['max_tries']}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """One proxy of PROXY_POOL: its URL with credentials (never logged, never sent to
+    Redis) and its id, the URL with the password masked (``""``: no proxy)."""
+
+    url: str
+    id: str
+    tier: int
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DIRECT = ("", "direct", "none")
+
+
+def _expand(url: str, environ: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in environ:
+            raise NotConfigured(f"PROXY_POOL names ${{{name}}}, which the environment lacks")
+        return environ[name]
+
+    return _ENV.sub(value, url)
+
+
+def parse_proxy_pool(value: object, environ: dict[str, str]) -> list[list[Proxy]]:
+    """PROXY_POOL as tiers, lowest first: a list of URLs is one tier, a list of lists is
+    tiers; ``None``, ``""`` or ``"direct"`` is no proxy (the node's own address). JSON text
+    (``-s PROXY_POOL='[...]'``) or comma-separated URLs are read too. ``${NAME}`` in a URL is
+    the environment variable NAME (credentials)."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text.startswith("[") else [u for u in text.split(",") if u]
+        except ValueError as exc:
+            raise NotConfigured(f"PROXY_POOL is not a JSON list: {exc}") from None
+    if not value:
+        return []
+    if not isinstance(value, list | tuple):
+        raise NotConfigured("PROXY_POOL must be a list of proxy URLs, or of lists of them (tiers)")
+    nested = all(isinstance(tier, list | tuple) for tier in value)
+    tiers = list(value) if nested else [list(value)]
+    parsed: list[list[Proxy]] = []
+    seen: set[str] = set()
+    for n, tier in enumerate(tiers):
+        proxies = []
+        for entry in tier:
+            if entry is None or (isinstance(entry, str) and entry.strip().lower() in _DIRECT):
+                proxies.append(Proxy("", "", n))
+                continue
+            if not isinstance(entry, str):
+                raise NotConfigured(f"PROXY_POOL: {entry!r} is not a proxy URL")
+            url = _expand(entry.strip(), environ)
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise NotConfigured(f"PROXY_POOL: {mask_url(url)!r} is not an http(s) proxy URL")
+            proxy = Proxy(url, mask_url(url), n)
+            if proxy.id in seen:
+                raise NotConfigured(f"PROXY_POOL names {proxy.id} twice")
+            seen.add(proxy.id)
+            proxies.append(proxy)
+        if not proxies:
+            raise NotConfigured(f"PROXY_POOL: tier {n} is empty")
+        parsed.append(proxies)
+    return parsed
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """SESSION_* and PROXY_*: the fleet's sessions, and the proxies they go through."""
+
+    #: On by itself with PROXY_POOL.
+    enabled: bool = setting("SESSION_ENABLED", False)
+    pool_size: int = setting("SESSION_POOL_SIZE", 10)
+    max_errors: float = setting("SESSION_MAX_ERROR_SCORE", 3.0)
+    max_uses: int = setting("SESSION_MAX_USES", 50)
+    max_age: float = setting("SESSION_MAX_AGE", 3000.0)
+    #: One per session, drawn when it is made; none: the project's USER_AGENT.
+    user_agents: list[str] = setting("SESSION_USER_AGENTS", [])
+    #: A cookie jar over this many bytes (as JSON) stays with its node.
+    max_cookie_bytes: int = setting("SESSION_MAX_COOKIE_BYTES", 4096)
+    proxy_pool: list[Any] = setting("PROXY_POOL", [])
+    ban_score: float = setting("PROXY_BAN_SCORE", 2.0)
+    half_life: float = setting("PROXY_SCORE_HALF_LIFE", 600.0)
+    cooldown_base: float = setting("PROXY_COOLDOWN_BASE", 300.0)
+    cooldown_max: float = setting("PROXY_COOLDOWN_MAX", 3600.0)
+    #: PROXY_POOL parsed: tiers of proxies, lowest first.
+    tiers: tuple[tuple[Proxy, ...], ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, environ: dict[str, str] | None = None) -> Self:
+        raw = settings.get("PROXY_POOL")
+        tiers = parse_proxy_pool(raw, dict(os.environ) if environ is None else environ)
+        values = read_settings(
+            cls, settings, proxy_pool=[], tiers=tuple(tuple(tier) for tier in tiers)
+        )
+        if tiers:
+            values["enabled"] = True
+        for name, key, least in (
+            ("SESSION_POOL_SIZE", "pool_size", 1),
+            ("SESSION_MAX_ERROR_SCORE", "max_errors", 0.5),
+            ("SESSION_MAX_USES", "max_uses", 1),
+            ("SESSION_MAX_AGE", "max_age", 1),
+            ("PROXY_BAN_SCORE", "ban_score", 1),
+            ("PROXY_COOLDOWN_BASE", "cooldown_base", 0),
+            ("PROXY_COOLDOWN_MAX", "cooldown_max", 0),
+        ):
+            if not values[key] >= least:
+                raise NotConfigured(f"{name} must be at least {least}: {values[key]!r}")
         return cls(**values)

@@ -10,10 +10,21 @@ after ``BLOCK_MAX_TRIES`` blocked tries (at once with ``meta["dont_retry"]`` or
 is ``blocked: <signal>``, and the spider's errback sees an ``IgnoreRequest``: never a callback.
 Only the frontier's leases are looked at (robots.txt is not); ``meta["dont_block_check"]``
 passes a request through.
+
+With sessions (SESSION_ENABLED, or PROXY_POOL), each request of a site goes through one of
+the fleet's sessions (project/blocking/pool.py): its proxy (``meta["proxy"]``, which Scrapy's
+HttpProxyMiddleware turns into the proxy's credentials), its cookie jar (instead of Scrapy's
+CookiesMiddleware's jar: ``dont_merge_cookies``) and its user agent (SESSION_USER_AGENTS). A
+request that names one (``meta["session"]``, a login flow) goes through that one; one whose
+session the fleet retired is a dead letter (``session retired``). When every proxy of the
+site is cooling down, a leased request goes back to Redis until the first cool-down ends
+(``sessions/waited``), a robots.txt goes without a proxy. A request that sets its own
+``meta["proxy"]`` keeps it, and no session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,7 +33,12 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from project.blocking.config import BlockConfig
 from project.blocking.policy import BlockPolicy
-from project.frontier.meta import BLOCK_TRIES_META_KEY, LEASE_META_KEY
+from project.blocking.pool import Session, SessionPool, SessionRetired, pool_of
+from project.frontier.meta import (
+    BLOCK_TRIES_META_KEY,
+    LEASE_META_KEY,
+    SESSION_META_KEY,
+)
 from project.frontier.retry import RetryPolicy
 from project.frontier.sites import site_of
 from project.utils import mask_url
@@ -40,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 #: The meta keys of a redirect, dropped from the retry of a request redirected to a block.
 _REDIRECT_META = ("redirect_urls", "redirect_reasons", "redirect_times", "redirect_ttl")
+#: A pair on probation busy: how long a request waits for it here, at most, before it goes
+#: back to Redis.
+_PROBATION_WAIT = 10.0
 
 
 class BlockedRequest(IgnoreRequest):
@@ -49,11 +68,18 @@ class BlockedRequest(IgnoreRequest):
 class BlockDetectionMiddleware:
     """Keeps blocked responses from the spider; see the module's text."""
 
-    def __init__(self, crawler: Crawler, config: BlockConfig, policy: BlockPolicy) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        config: BlockConfig,
+        policy: BlockPolicy,
+        sessions: SessionPool | None = None,
+    ) -> None:
         assert crawler.stats is not None
         self.crawler = crawler
         self.config = config
         self.policy = policy
+        self.sessions = sessions
         self.retry = RetryPolicy.from_crawler(crawler)
         self.stats = crawler.stats
 
@@ -65,15 +91,78 @@ class BlockDetectionMiddleware:
         policy_class = load_object(config.policy)
         if not (isinstance(policy_class, type) and issubclass(policy_class, BlockPolicy)):
             raise NotConfigured(f"BLOCK_POLICY {config.policy!r} is not a BlockPolicy")
-        return cls(crawler, config, build_from_crawler(policy_class, crawler))
+        policy = build_from_crawler(policy_class, crawler)
+        return cls(crawler, config, policy, pool_of(crawler))
+
+    async def process_request(self, request: Request) -> Request | None:
+        pool = self.sessions
+        if pool is None or isinstance(request.meta.get(SESSION_META_KEY), Session):
+            return None  # no sessions, or a redirect of a request that has one
+        if request.meta.get("proxy") is not None:
+            return None  # the spider's own proxy
+        site = site_of(request.url)
+        leased = bool(request.meta.get(LEASE_META_KEY))
+        pinned = request.meta.get("session")
+        pinned = str(pinned)[:100] if pinned is not None else None
+        waited = 0.0
+        while True:
+            try:
+                pick = pool.pick(site, pinned)
+            except SessionRetired:
+                self.stats.inc_value("sessions/pinned_retired")
+                if leased:
+                    self.retry.give_up(request, f"session retired: {pinned}", "session_retired")
+                raise BlockedRequest(f"its session {pinned!r} was retired") from None
+            if pick.session is not None or not (pick.wait < 1 and waited < _PROBATION_WAIT):
+                break
+            await asyncio.sleep(pick.wait)
+            waited += pick.wait
+        if pick.session is None:
+            self.stats.inc_value("sessions/waited")
+            if not leased:
+                return None  # robots.txt: without a proxy rather than not at all
+            copy = _retry_copy(request)
+            self.retry.again(request, copy, max(1.0, pick.wait), "no proxy available")
+            logger.info(
+                "Every proxy of %s is cooling down: %s waits %.0f s in Redis",
+                site, mask_url(request.url), max(1.0, pick.wait),
+            )  # fmt: skip
+            return copy
+        session = pick.session
+        request.meta[SESSION_META_KEY] = session
+        request.meta["dont_merge_cookies"] = True
+        if pick.proxy is not None and pick.proxy.url:
+            request.meta["proxy"] = pick.proxy.url
+        agent = pool.user_agent(session)
+        if agent is not None:
+            request.headers[b"User-Agent"] = agent
+        if b"Cookie" not in request.headers:
+            session.jar.add_cookie_header(request)
+        pool.started(session)
+        return None
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        session = request.meta.get(SESSION_META_KEY)
+        if self.sessions is not None and isinstance(session, Session):
+            self.sessions.ended(session, None)
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
+        pool, session = self.sessions, request.meta.get(SESSION_META_KEY)
+        if pool is None or not isinstance(session, Session):
+            pool = session = None
+        elif 200 <= response.status < 400:
+            session.jar.extract_cookies(response, request)
         if not request.meta.get(LEASE_META_KEY) or request.meta.get("dont_block_check"):
+            if pool is not None and session is not None:
+                # a robots.txt tells nothing of the pages: it neither proves nor bans the pair
+                pool.ended(session, None)
             return response
         site = site_of(request.url)
         spider = self.crawler.spider
         assert spider is not None
         signal = self.policy.blocked(request, response, site, spider)
+        if pool is not None and session is not None:
+            pool.ended(session, signal is not None)
         if signal is None:
             self.policy.passed(response, site)
             return response

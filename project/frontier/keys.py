@@ -121,6 +121,9 @@ class FrontierKeys:
     runs: str
     #: Records waiting for MongoDB (project/storage/outbox.py), one list per database under it.
     outbox: str
+    #: The fleet's sessions and the health of its (proxy, site) pairs (lua/step/sessions.lua).
+    sessions: str
+    proxies: str
     templates: KeyTemplates = dataclasses.field(default=KeyTemplates(), repr=False, compare=False)
 
     @classmethod
@@ -161,7 +164,7 @@ class FrontierKeys:
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
                 "history", "layout", "deliveries", "allowed", "recent", "start", "capped",
-                "holders", "revisit", "due", "runs", "outbox",
+                "holders", "revisit", "due", "runs", "outbox", "sessions", "proxies",
             )
         }  # fmt: skip
         return cls(

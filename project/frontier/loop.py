@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from project.blocking.pool import pool_of
 from project.frontier.claim import StartClaim
 from project.frontier.clock import FleetClock
 from project.frontier.codes import MODE_ALWAYS, START_END
@@ -130,6 +131,11 @@ class FrontierLoop:
         #: The item store is behind (project/storage/backlog.py): no downloads start, nothing
         #: more is leased, until it catches up.
         self.store_behind = False
+        #: The fleet's sessions as this node sees them; told with each step what its
+        #: downloads saw (project/blocking/pool.py), None without sessions.
+        self.sessions = pool_of(crawler)
+        if self.sessions is not None:
+            self.sessions.clock = self.clock.now
         crawler.signals.connect(self._store_backpressure, signal=store_backpressure)
 
     # -- engine side (no I/O) ----------------------------------------------
@@ -418,6 +424,9 @@ class FrontierLoop:
         settled = self.settlements.collect(batch, sent_after)
         if self._latency:
             batch.latency = [(site, sum(v), len(v)) for site, v in self._latency.items()]
+        if self.sessions is not None:
+            batch.sessions = self.sessions.take_entries()
+            batch.session_options = self.sessions.options(batch.sessions)
         if self._resolver is not None:
             await self._resolver.rekey(batch)
         if now - self._last_heartbeat >= config.heartbeat_seconds:
@@ -457,6 +466,10 @@ class FrontierLoop:
         """Take in what a step that ran returned. Returns True when it moved anything."""
         if batch.latency:
             self._latency = {}
+        if self.sessions is not None and batch.session_options is not None:
+            self.sessions.apply(result.sessions, result.retired)
+            if result.retired:
+                self._count("sessions/retired", result.retired)
         wake = result.next_wake_ms
         self._next_wake = None if wake is None else time.monotonic() + wake / 1000
         count_step(self.stats, batch, result)

@@ -18,6 +18,9 @@ __all__ = [
     "ROBOTS_LOCK_META_KEY",
     "ROBOTS_SITE_META_KEY",
     "SEED_META_KEY",
+    "SESSION_META_KEY",
+    "SESSION_OWNED_HEADERS",
+    "SESSION_OWNED_META",
 ]
 
 #: Through which middlewares ask for a retry or a dead letter.
@@ -41,6 +44,12 @@ REVISIT_UNSURE_META_KEY = "revisit_unsure"
 #: Tries of a request that were blocked (project/blocking/middleware.py): it travels with
 #: the retry copy, through Redis.
 BLOCK_TRIES_META_KEY = "_fleet_block_tries"
+#: The session (project/blocking/pool.py) a download of this node goes through.
+SESSION_META_KEY = "_fleet_session"
+#: What a session put on its request: none of it travels with a retry through Redis (the
+#: retry gets a session of its own; a proxy's credentials never reach Redis).
+SESSION_OWNED_META = frozenset({"proxy", "_auth_proxy", "dont_merge_cookies"})
+SESSION_OWNED_HEADERS = frozenset({b"cookie", b"user-agent"})
 #: The fleet's fetch lock of a robots.txt request.
 ROBOTS_LOCK_META_KEY = "_fleet_robots_lock"
 #: The site whose robots.txt a request fetches: meta survives redirects, so a copy that came
@@ -57,5 +66,6 @@ NODE_LOCAL_META_KEYS = frozenset(
         REVISIT_OUT_META_KEY,
         ROBOTS_LOCK_META_KEY,
         ROBOTS_SITE_META_KEY,
+        SESSION_META_KEY,
     }
 )

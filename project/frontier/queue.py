@@ -35,6 +35,7 @@ SECTIONS: Final = (
     ("permit_table", "permit_table", ("site", "permits")),
     ("pause", "pauses", ("site", "pause_ms")),
     ("latency", "latency", ("site", "seconds", "samples")),
+    ("session", "sessions", ("kind", "site", "id", "proxy", "data")),
     ("ahead", "ahead", ("site", "requests", "permits", "held", "spare")),
 )
 
@@ -66,6 +67,8 @@ REPLY: Final = (
     "wait_ms",
     "now",
     "replayed",
+    "sessions",
+    "retired",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -106,6 +109,12 @@ class StepBatch:
     pauses: list[tuple[str, int]] = field(default_factory=list)
     #: (site, seconds summed, samples)
     latency: list[tuple[str, float, int]] = field(default_factory=list)
+    #: (kind, site, session id, proxy, data): what downloads told of the fleet's sessions
+    #: and proxies (project/blocking/pool.py, lua/step/sessions.lua)
+    sessions: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    #: The sessions' limits and the sites this node asks the sessions of, with the version
+    #: of them it knows (-1: none); None: no sessions
+    session_options: dict[str, Any] | None = None
     #: (site, permits) this node gives back: it has no request of that site for them
     give_back: list[tuple[str, int]] = field(default_factory=list)
     #: (site, requests, permits, held, spare) for sites this node works on: requests to
@@ -209,6 +218,11 @@ class StepResult:
     now_ms: int | None = None
     #: A step of this batch's seq ran already: this one did nothing.
     replayed: bool = False
+    #: (site, version, sessions JSON, pairs JSON) of the sites asked for whose sessions
+    #: changed (lua/step/sessions.lua)
+    sessions: list[tuple[str, int, bytes, bytes]] = field(default_factory=list)
+    #: Sessions this step retired.
+    retired: int = 0
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -299,6 +313,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["join_first"] = True
         if batch.seq:
             options["seq"] = str(batch.seq)  # text: a Lua number loses digits past 14
+        if batch.session_options is not None:
+            options["sessions"] = batch.session_options
         if batch.revisit_limits and (batch.sweep or batch.revisits):
             options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
@@ -361,6 +377,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
     reply = {_text(raw[j]): raw[j + 1] for j in range(0, len(raw), 2)}
     leased, permits, shares = reply["leased"], reply["permits"], reply["shares"]
     held = reply["permits_held"]
+    views = reply["sessions"]
     counts = reply["counts"]
     named = {_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)}
     wait = reply["wait_ms"]
@@ -406,4 +423,9 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         rejoined=bool(reply["rejoined"]),
         now_ms=int(reply["now"]),
         replayed=bool(reply["replayed"]),
+        sessions=[
+            (_text(views[j]), int(views[j + 1]), views[j + 2], views[j + 3])
+            for j in range(0, len(views), 4)
+        ],
+        retired=int(reply["retired"]),
     )

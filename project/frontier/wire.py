@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
-from project.frontier.meta import NODE_LOCAL_META_KEYS
+from project.frontier.meta import (
+    NODE_LOCAL_META_KEYS,
+    SESSION_META_KEY,
+    SESSION_OWNED_HEADERS,
+    SESSION_OWNED_META,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -231,8 +236,17 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
         data["errback"] = errback
     if request.method != "GET":
         data["method"] = request.method
-    if request.headers:
-        data["headers"] = _headers_to_json(request.headers.items())
+    # a session's proxy, cookies and user agent stay with it (a retry gets its own), and a
+    # proxy's credentials never reach Redis, whoever set them
+    sessioned = bool(request.meta.get(SESSION_META_KEY))
+    headers = [
+        (name, values)
+        for name, values in request.headers.items()
+        if name.lower() != b"proxy-authorization"
+        and not (sessioned and name.lower() in SESSION_OWNED_HEADERS)
+    ]
+    if headers:
+        data["headers"] = _headers_to_json(headers)
     if request.body:
         try:
             data["body"] = request.body.decode("utf-8")
@@ -240,7 +254,11 @@ def encode_request(request: Request, spider: Spider, **extra: Any) -> bytes:
             data["body_b64"] = base64.b64encode(request.body).decode("ascii")
     if request.cookies:
         data["cookies"] = request.cookies
-    meta = {k: v for k, v in request.meta.items() if k not in NODE_LOCAL_META}
+    meta = {
+        k: v
+        for k, v in request.meta.items()
+        if k not in NODE_LOCAL_META and not (sessioned and k in SESSION_OWNED_META)
+    }
     meta = check_meta(meta, request.url)
     if meta:
         data["meta"] = meta

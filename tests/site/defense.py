@@ -15,7 +15,9 @@ the first N times anyone asks for it, whatever the address, with ``--block-first
 (``mixed``: one of ANSWERS chosen by the path, the same each time): a site a crawler gets
 past by trying again.
 
-``/_stats`` counts, per client address, each answer (``ok`` for a page served as usual): the
+Every counted page answered without a ``visitor`` cookie sets one (``v1``, ``v2``, ...):
+a client that keeps its cookies is one visitor. ``/_stats`` lists every visit as
+``[arrival, address, visitor, answer, path]`` under ``visits``, and counts, per client address, each answer (``ok`` for a page served as usual): the
 test rig's forward proxies (tests/site/proxies.py) each send from their own loopback address,
 so the shop sees one address per proxy.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import Counter, deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from tests.site.pages import render_error
@@ -91,6 +93,9 @@ class Defense:
         self.banned: dict[str, str] = dict(self._initial)
         self._recent: dict[str, deque[float]] = {}
         self._asked: Counter[str] = Counter()
+        #: [arrival (time.time()), address, visitor cookie, answer or "ok", path]
+        self.visits: list[list[Any]] = []
+        self.visitors = 0
         #: address -> answer -> requests
         self.clients: dict[str, Counter[str]] = {}
 
@@ -103,9 +108,16 @@ class Defense:
     def unban(self, address: str) -> None:
         self.banned.pop(address, None)
 
-    def answer(self, address: str, path: str, now: float | None = None) -> str | None:
-        """What *address* asking for *path* gets: one of ANSWERS, or None (served as usual).
-        Counted either way."""
+    def new_visitor(self) -> str:
+        """A visitor cookie's value for a client that sent none."""
+        self.visitors += 1
+        return f"v{self.visitors}"
+
+    def answer(
+        self, address: str, path: str, now: float | None = None, visitor: str = ""
+    ) -> str | None:
+        """What *address* (with the *visitor* cookie) asking for *path* gets: one of ANSWERS,
+        or None (served as usual). Counted either way."""
         if path == "/robots.txt":
             return None
         if self._ban_after and address not in self.banned:
@@ -126,6 +138,7 @@ class Defense:
                 if answer == MIXED:
                     answer = ANSWERS[zlib.crc32(path.encode()) % len(ANSWERS)]
         self.clients.setdefault(address, Counter())[answer or "ok"] += 1
+        self.visits.append([time.time(), address, visitor, answer or "ok", path])
         return answer
 
     @staticmethod
@@ -145,4 +158,5 @@ class Defense:
         return {
             "banned": dict(self.banned),
             "clients": {address: dict(counts) for address, counts in self.clients.items()},
+            "visits": self.visits,
         }

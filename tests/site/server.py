@@ -153,7 +153,11 @@ class ShopResource(Resource):
             self._stats.record_status(status)
             return self._respond(request, Reply(status, render_error(status, "Failing").encode()))
         address = request.getClientAddress()
-        defended = self._defense.answer(getattr(address, "host", ""), path)
+        visitor = (request.getCookie(b"visitor") or b"").decode("ascii", "replace")[:40]
+        if not visitor and path != "/robots.txt":
+            visitor = self._defense.new_visitor()
+            request.addCookie(b"visitor", visitor.encode(), path=b"/")
+        defended = self._defense.answer(getattr(address, "host", ""), path, visitor=visitor)
         if defended is not None:
             reply = self._defense.reply(defended, request.uri.decode("utf-8", "replace"))
             self._stats.record_status(reply.status)

@@ -32,6 +32,8 @@
     KEYS[23] revisit     fingerprint -> what its last fetch left for a revisit (step/revisit.lua)
     KEYS[24] due         fingerprints under a revisit policy, scored by when they are due
     KEYS[25] runs        the fleet's current crawl run (lua/run_join.lua)
+    KEYS[26] sessions    the fleet's sessions, by site (step/sessions.lua)
+    KEYS[27] proxies     the health of each (proxy, site) pair (step/sessions.lua)
 
     ARGV[1]  options, one JSON object:
                node            this node's id (no newline)
@@ -69,11 +71,14 @@
                sweep           with count, when the fleet has nothing left: queue up to
                                this many due revisits of URLs this run has not seen
                                (FRONTIER_REVISIT_SWEEP)
+               sessions        the sessions' limits and the sites whose sessions this node
+                               asks for (step/sessions.lua); absent: no sessions
                start           CODE.start_extend: extend this node's claim on start();
                                CODE.start_end: its start() is over and its requests are
                                in (this step enqueues the last)
     ARGV[2..] the sections, each described by the phase that reads it: enqueue, ack,
-              retry, dead, revisit, heartbeat, give_back, permit_table, pause, latency, ahead
+              retry, dead, revisit, heartbeat, give_back, permit_table, pause, latency,
+              session, ahead
 
   Reply: name/value pairs {name, value, name, value, ...}:
     added         requests queued
@@ -111,6 +116,9 @@
     wait_ms       milliseconds until the next throttled site may go, or nil
     now           Redis' time of this step, ms (the fleet's clock: project/frontier/clock.py)
     replayed      1: a step of this seq ran already; it did nothing (the rest is empty)
+    sessions      {site, version, sessions JSON, pairs JSON, ...} of the sites asked for
+                  whose sessions changed (step/sessions.lua)
+    retired       sessions this step retired
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -128,6 +136,7 @@
 --@include step/permits.lua
 --@include step/pause.lua
 --@include step/latency.lua
+--@include step/sessions.lua
 --@include step/ahead.lua
 --@include step/walk.lua
 --@include step/maintain.lua
@@ -145,7 +154,7 @@ if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
             'handed_out', 0, 'revisits_capped', 0, 'revisits_forgotten', 0, 'permits_fixed', 0,
             'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
             'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
-            'wait_ms', false, 'now', now_ms(), 'replayed', 1}
+            'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0}
 end
 local S = read_sections(opt.sections)
 local limits = opt.limits
@@ -162,6 +171,7 @@ local permits_fixed, permits_held = 0, {}
 if opt.permit_table then permits_fixed, permits_held = PermitsBack.reconcile(S.permit_table, opt.node) end
 Pause.run(S.pause, now, limits)
 Latency.run(S.latency)
+local session_views, sessions_retired = Sessions.run(S.session, now, opt.sessions)
 
 local reaped, promoted, poisoned = 0, 0, {}
 local handed_out = 0
@@ -220,4 +230,4 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
-        'replayed', 0}
+        'replayed', 0, 'sessions', session_views, 'retired', sessions_retired}

@@ -1,0 +1,193 @@
+--[[
+  Phase 6b, sessions: what this node's downloads told of the fleet's sessions and proxies
+  (project/blocking/pool.py), then the sessions of the sites it asks about. A session
+  retired here (too many blocks, uses or years) is gone for every node from this step on;
+  a (proxy, site) pair that is banned cools down for the fleet, and its sessions retire.
+
+  Keys: sessions, proxies.
+    sessions        "<site>\n<id>" -> {p = proxy, ua, u = uses, e = error score, b = born ms,
+                    c = cookie jar}; sessions|<site>: the ids alive; sessions:v: site -> the
+                    version of its sessions (any change bumps it); sessions:retired:
+                    "<site>\n<id>" scored by when it retired (the newest 1000), and
+                    sessions:retired:last: its last state
+    proxies         "<proxy>\n<site>" -> {s = score, t = ms of s, n = bans, untl = ms its
+                    cool-down ends, ok, bl = blocks, pv = 1 once it served a page};
+                    proxies|<site>: the proxies with a record for the site
+  ARGV section session: kind site id proxy data
+    kind 'new'    a session this node made; data: JSON {ua = ...}. Kept while the site has
+                  fewer than options.sessions.size alive and no session of that id retired
+                  (else the node drops it)
+    kind 'pin'    a session a request named (meta["session"]): kept whatever the size
+    kind 'ok'     a download through it was no block; data: its cookie jar (JSON) when it
+                  changed, else ''
+    kind 'block'  a download through it was blocked; data: a jitter in [0, 1) for the
+                  pair's cool-down (full jitter: the node draws it)
+    id '' is a download without a session's cookies (a robots.txt): only its pair counts.
+  Options used: sessions = {size, max_errors, max_uses, max_age_ms, ban_score, half_life_ms,
+                cool_base_ms, cool_max_ms, sites = {site = version the node knows, ...}}
+  Returns: {site, version, sessions, proxies, ...}: for each site of options.sessions.sites
+           whose version is not the one the node knows, its sessions alive (JSON list of
+           {id, p, ua, u, e, c}) and its pairs (JSON {proxy = {untl, s, pv}}); and the
+           number of sessions this step retired
+]]
+local Sessions = {}
+
+do
+    local RETIRED_KEPT = 1000
+
+    local function alive_key(site) return K.sessions .. '|' .. site end
+    local function pairs_key(site) return K.proxies .. '|' .. site end
+
+    local function bump(site)
+        redis.call('HINCRBY', K.sessions .. ':v', site, 1)
+    end
+
+    local function retire(site, id, now)
+        local field = site .. '\n' .. id
+        local last = redis.call('HGET', K.sessions, field)
+        if not last then return 0 end
+        redis.call('HDEL', K.sessions, field)
+        redis.call('SREM', alive_key(site), id)
+        redis.call('ZADD', K.sessions .. ':retired', now, field)
+        redis.call('HSET', K.sessions .. ':retired:last', field, last)
+        bump(site)
+        return 1
+    end
+
+    local function decayed(pair, now, half_life)
+        local s = pair.s or 0
+        if s > 0 and half_life > 0 and pair.t then
+            s = s * math.pow(0.5, math.max(0, now - pair.t) / half_life)
+        end
+        return s
+    end
+
+    -- a block or a page through (proxy, site): its score, and a cool-down once banned.
+    -- Returns whether it was banned now, and whether the nodes' view of it changed.
+    local function count_pair(proxy, site, blocked, jitter, now, o)
+        local field = proxy .. '\n' .. site
+        local raw = redis.call('HGET', K.proxies, field)
+        local pair = raw and cjson.decode(raw) or {n = 0, ok = 0, bl = 0, pv = 0, untl = 0}
+        if not raw then redis.call('SADD', pairs_key(site), proxy) end
+        pair.s, pair.t = decayed(pair, now, o.half_life_ms), now
+        local banned = false
+        if blocked then
+            pair.bl = pair.bl + 1
+            pair.s = pair.s + 1
+            -- unproven, one block bans it; a pair that served pages, ban_score of them
+            if (pair.pv == 0 or pair.s >= o.ban_score) and (pair.untl or 0) <= now then
+                pair.n = pair.n + 1
+                local ceiling = math.min(o.cool_max_ms, o.cool_base_ms * math.pow(2, pair.n))
+                pair.untl = now + math.floor(jitter * ceiling)
+                pair.s = 0
+                banned = true
+            end
+        end
+        local proven = false
+        if not blocked then
+            pair.ok = pair.ok + 1
+            proven = pair.pv == 0
+            pair.pv = 1
+        end
+        redis.call('HSET', K.proxies, field, cjson.encode(pair))
+        return banned, banned or proven or not raw
+    end
+
+    -- the sessions of *site* through *proxy* retire with their pair's ban
+    local function retire_through(site, proxy, now)
+        local retired = 0
+        for _, id in ipairs(redis.call('SMEMBERS', alive_key(site))) do
+            local raw = redis.call('HGET', K.sessions, site .. '\n' .. id)
+            if raw and cjson.decode(raw).p == proxy then
+                retired = retired + retire(site, id, now)
+            end
+        end
+        return retired
+    end
+
+    local function worn(s, now, o)
+        return s.e >= o.max_errors or s.u >= o.max_uses or now - s.b >= o.max_age_ms
+    end
+
+    function Sessions.run(sec, now, o)
+        if not o then return {}, 0 end
+        local retired = 0
+        for e = 0, sec.n - 1 do
+            local i = sec.at + e * sec.width
+            local kind, site, id = ARGV[i + sec.kind], ARGV[i + sec.site], ARGV[i + sec.id]
+            local proxy, data = ARGV[i + sec.proxy], ARGV[i + sec.data]
+            local field = site .. '\n' .. id
+            if kind == 'new' or kind == 'pin' then
+                if redis.call('HEXISTS', K.sessions, field) == 0
+                        and not redis.call('ZSCORE', K.sessions .. ':retired', field)
+                        and (kind == 'pin' or redis.call('SCARD', alive_key(site)) < o.size) then
+                    local ok, given = pcall(cjson.decode, data)
+                    local ua = ok and type(given) == 'table' and tonumber(given.ua) or 0
+                    redis.call('HSET', K.sessions, field, cjson.encode(
+                        {p = proxy, ua = ua, u = 0, e = 0, b = now, c = ''}))
+                    redis.call('SADD', alive_key(site), id)
+                    bump(site)
+                end
+            else
+                local blocked = kind == 'block'
+                local banned, changed = count_pair(proxy, site, blocked, tonumber(data) or 0, now, o)
+                if banned then retired = retired + retire_through(site, proxy, now) end
+                if changed then bump(site) end
+                local raw = id ~= '' and redis.call('HGET', K.sessions, field)
+                if raw then
+                    local s = cjson.decode(raw)
+                    s.u = s.u + 1
+                    if blocked then
+                        s.e = s.e + 1
+                    else
+                        s.e = math.max(0, s.e - 0.5)
+                        if data ~= '' then s.c = data; bump(site) end
+                    end
+                    redis.call('HSET', K.sessions, field, cjson.encode(s))
+                    if worn(s, now, o) then retired = retired + retire(site, id, now) end
+                end
+            end
+        end
+        if retired > 0 then
+            local old = redis.call('ZRANGE', K.sessions .. ':retired', 0, -RETIRED_KEPT - 1)
+            if #old > 0 then
+                redis.call('ZREMRANGEBYRANK', K.sessions .. ':retired', 0, #old - 1)
+                chunked('HDEL', K.sessions .. ':retired:last', old)
+            end
+        end
+        local reply = {}
+        for site, known in pairs(o.sites or {}) do
+            -- sessions that aged out since they were last used retire as they are asked for
+            for _, id in ipairs(redis.call('SMEMBERS', alive_key(site))) do
+                local raw = redis.call('HGET', K.sessions, site .. '\n' .. id)
+                if not raw then
+                    redis.call('SREM', alive_key(site), id)
+                elseif now - cjson.decode(raw).b >= o.max_age_ms then
+                    retired = retired + retire(site, id, now)
+                end
+            end
+            local version = tonumber(redis.call('HGET', K.sessions .. ':v', site) or 0)
+            if version ~= tonumber(known) then
+                local list = {}
+                for _, id in ipairs(redis.call('SMEMBERS', alive_key(site))) do
+                    local s = cjson.decode(redis.call('HGET', K.sessions, site .. '\n' .. id))
+                    list[#list + 1] = {id = id, p = s.p, ua = s.ua, u = s.u, e = s.e, c = s.c}
+                end
+                local health = {}
+                for _, proxy in ipairs(redis.call('SMEMBERS', pairs_key(site))) do
+                    local raw = redis.call('HGET', K.proxies, proxy .. '\n' .. site)
+                    if raw then
+                        local pair = cjson.decode(raw)
+                        health[proxy] = {untl = pair.untl or 0, s = decayed(pair, now,
+                                         o.half_life_ms), pv = pair.pv}
+                    end
+                end
+                reply[#reply + 1] = site
+                reply[#reply + 1] = version
+                reply[#reply + 1] = #list > 0 and cjson.encode(list) or '[]'
+                reply[#reply + 1] = next(health) and cjson.encode(health) or '{}'
+            end
+        end
+        return reply, retired
+    end
+end

@@ -1,0 +1,289 @@
+"""The fleet's sessions and proxies: two nodes' pools stepping through a real Redis
+(lua/step/sessions.lua), then real ``scrapy crawl`` nodes through real local proxies against
+the test shop defending itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import Settings
+
+from project.blocking.config import SessionConfig, parse_proxy_pool
+from project.blocking.pool import SessionPool, SessionRetired
+from project.frontier.queue import LeasedQueue, StepBatch
+from tests.site.proxies import ProxyRig
+from tests.site.stats import open_at_once
+from tests.test_frontier_step import run
+
+if TYPE_CHECKING:
+    import pymongo.database
+    import redis as sync_redis
+
+    from project.frontier.keys import FrontierKeys
+    from tests.fleet import Fleet
+
+P1, P2, P3 = "http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"
+
+
+def _pool(**settings: Any) -> SessionPool:
+    given = {"PROXY_POOL": [P1, P2], "SESSION_POOL_SIZE": 2, **settings}
+    return SessionPool(SessionConfig.from_settings(Settings(given), environ={}))
+
+
+async def _step(queue: LeasedQueue, pool: SessionPool) -> None:
+    entries = pool.take_entries()
+    result = await queue.step(StepBatch(sessions=entries, session_options=pool.options(entries)))
+    pool.apply(result.sessions, result.retired)
+
+
+def test_a_session_retired_by_one_node_is_gone_for_the_other_at_its_next_step(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    a, b = _pool(PROXY_BAN_SCORE=10), _pool(PROXY_BAN_SCORE=10)
+
+    async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
+        first, second = a.pick("s").session, a.pick("s").session
+        assert first is not None
+        assert second is not None
+        assert {first.proxy, second.proxy} == {P1, P2}, "spread over the proxies"
+        for session in (first, second):
+            a.started(session)
+            a.ended(session, blocked=False)
+        await _step(qa, a)
+        b.pick("s")  # b's first request of the site: it asks for the fleet's sessions
+        await _step(qb, b)
+        assert {s.id for s in b._views["s"].sessions.values()} == {first.id, second.id}
+        # blocks through the first one (a proven pair, under PROXY_BAN_SCORE) retire the
+        # session at an error score of 3 (a page takes 0.5 off), not the proxy
+        for blocked in (True, False, True, True, True):
+            a.started(first)
+            a.ended(first, blocked=blocked)
+        assert first.id in a._views["s"].retired, "the reporting node retires it at once"
+        await _step(qa, a)
+        await _step(qb, b)
+        assert first.id not in b._views["s"].sessions, "the other node, at its next step"
+        for _ in range(20):
+            pick = b.pick("s")
+            assert pick.session is not None
+            assert pick.session.id != first.id
+            b.started(pick.session)
+
+    run(redis_url, keys, scenario)
+    retired = redis_client.zrange(f"{keys.sessions}:retired", 0, -1)
+    assert retired == [f"s\n{a._views['s'].retired.pop()}".encode()]
+    last = json.loads(redis_client.hget(f"{keys.sessions}:retired:last", retired[0]))
+    assert last["e"] == 3.5
+    assert last["u"] == 6
+
+
+def test_a_pair_banned_on_probation_costs_one_request_per_node_and_cools_down_for_all(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    a, b = _pool(SESSION_POOL_SIZE=4), _pool(SESSION_POOL_SIZE=4)
+
+    async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
+        # each node: one download at a time through each pair that never served a page
+        picks = []
+        for _ in range(3):
+            picks.append(a.pick("s"))
+            if picks[-1].session is not None:
+                a.started(picks[-1].session)
+        sessions = [p.session for p in picks if p.session is not None]
+        assert len(sessions) == 2
+        assert picks[2].session is None
+        assert picks[2].wait < 1
+        through_p1 = next(s for s in sessions if s.proxy == P1)
+        a.ended(through_p1, blocked=True)  # P1 is banned for "s"
+        a.ended(next(s for s in sessions if s.proxy == P2), blocked=False)
+        await _step(qa, a)
+        b.pick("s")
+        await _step(qb, b)
+        for pool in (a, b):
+            for _ in range(10):
+                pick = pool.pick("s")
+                assert pick.session is not None
+                assert pick.session.proxy == P2
+                pool.started(pick.session)
+        assert b.describe("s")["cooling"] == [P1]
+
+    run(redis_url, keys, scenario)
+
+
+def test_every_proxy_cooling_means_waiting_for_the_first_to_come_back(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    a = _pool(PROXY_COOLDOWN_BASE=100, PROXY_COOLDOWN_MAX=100)
+
+    async def scenario(qa: LeasedQueue, _: LeasedQueue) -> None:
+        for _ in range(2):
+            session = a.pick("s").session
+            assert session is not None
+            a.started(session)
+            a.ended(session, blocked=True)
+        pick = a.pick("s")
+        assert pick.session is None
+        assert 0 <= pick.wait <= 100
+        await _step(qa, a)
+        assert a.pick("s").session is None, "the fleet's cool-downs as the node saw them"
+
+    run(redis_url, keys, scenario)
+
+
+def test_tiers_escalate_when_one_is_banned() -> None:
+    pool = _pool(PROXY_POOL=[[None], [P1, P2], [P3]], SESSION_POOL_SIZE=1)
+    direct = pool.pick("s")
+    assert direct.session is not None
+    assert direct.session.proxy == ""
+    assert direct.proxy is not None
+    assert direct.proxy.url == ""
+    pool.started(direct.session)
+    pool.ended(direct.session, blocked=True)
+    datacenter = pool.pick("s")
+    assert datacenter.session is not None
+    assert datacenter.session.proxy in (P1, P2)
+    assert pool.describe("s")["tier"] == 1
+
+
+def test_a_pinned_session_is_kept_and_a_retired_one_refused(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    a, b = _pool(SESSION_MAX_ERROR_SCORE=1), _pool()
+
+    async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
+        for _ in range(3):  # the site's pool is full: a pinned one is taken all the same
+            session = a.pick("s").session
+            assert session is not None
+        login = a.pick("s", pinned="login").session
+        assert login is not None
+        assert login.id == "login"
+        a.started(login)
+        a.ended(login, blocked=False)
+        await _step(qa, a)
+        b.pick("s")
+        await _step(qb, b)
+        assert "login" in b._views["s"].sessions
+        again = b.pick("s", pinned="login").session
+        assert again is not None
+        assert again.id == "login"
+        b.started(again)
+        b.ended(again, blocked=True)
+        a.started(login)
+        a.ended(login, blocked=True)  # SESSION_MAX_ERROR_SCORE 1 at a: retired
+        await _step(qa, a)
+        with pytest.raises(SessionRetired):
+            a.pick("s", pinned="login")
+
+    run(redis_url, keys, scenario)
+
+
+def test_proxy_credentials_come_from_the_environment_and_are_masked() -> None:
+    tiers = parse_proxy_pool(
+        ["http://crawler:${PROXY_SECRET}@127.0.0.1:9001", "direct"], {"PROXY_SECRET": "s3cr3t"}
+    )
+    proxy = tiers[0][0]
+    assert proxy.url == "http://crawler:s3cr3t@127.0.0.1:9001"
+    assert proxy.id == "http://crawler:***@127.0.0.1:9001"
+    assert tiers[0][1].url == ""
+    with pytest.raises(NotConfigured, match=r"\$\{PROXY_SECRET\}") as caught:
+        parse_proxy_pool(["http://crawler:${PROXY_SECRET}@127.0.0.1:9001"], {})
+    assert "s3cr3t" not in str(caught.value)
+    assert parse_proxy_pool('["http://a:1", "http://b:2"]', {})[0][1].id == "http://b:2"
+    assert [[p.id for p in t] for t in parse_proxy_pool([[None], ["http://a:1"]], {})] == [
+        [""],
+        ["http://a:1"],
+    ]
+    for bad in (["ftp://a:1"], ["http://a:1", "http://a:1"], [[]], 5, "[nope"):
+        with pytest.raises(NotConfigured):
+            parse_proxy_pool(bad, {})
+    assert SessionConfig.from_settings(Settings({"PROXY_POOL": ["http://a:1"]}), {}).enabled
+    assert not SessionConfig.from_settings(Settings(), os.environ.copy()).enabled
+
+
+_SECRET = "pr0xy-s3cr3t"
+
+
+def _redis_text(client: sync_redis.Redis, prefix: str) -> bytes:
+    """Everything the test's keys hold, as bytes, to look for what must not be there."""
+    found = []
+    for key in client.scan_iter(match=f"*{prefix}*", count=1000):
+        kind = client.type(key)
+        if kind == b"string":
+            found.append(client.get(key) or b"")
+        elif kind == b"hash":
+            found += [k + v for k, v in client.hgetall(key).items()]
+        elif kind == b"list":
+            found += client.lrange(key, 0, -1)
+        elif kind in (b"set", b"zset"):
+            found += list(client.zrange(key, 0, -1) if kind == b"zset" else client.smembers(key))
+        found.append(key)
+    return b"\n".join(found)
+
+
+@pytest.mark.crawl
+def test_two_nodes_through_proxies_store_each_product_once_and_bans_cost_little(
+    fleet: Fleet,
+    make_shop,
+    mongo: pymongo.database.Database[Any],
+    redis_client: sync_redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with ProxyRig(5, auth=f"crawler:{_SECRET}") as rig:
+        banned = {rig.sources[0]: "challenge", rig.sources[1]: "403"}
+        shop = make_shop(products=150, ban=[f"{a}={answer}" for a, answer in banned.items()])
+        monkeypatch.setenv("RIG_PROXY_PASSWORD", _SECRET)
+        pool = [url.replace(_SECRET, "${RIG_PROXY_PASSWORD}") for url in rig.urls]
+        settings = {
+            "PROXY_POOL": pool,
+            "SESSION_MAX_USES": 10,  # sessions retire during the crawl
+            "BLOCK_REQUIRED_CSS": {"*": "header .home"},
+            "FRONTIER_SITE_CONCURRENCY": 4,
+            "FRONTIER_RETRY_BACKOFF_BASE": 0.1,
+        }
+        fleet.start_node(**settings)
+        fleet.start_node(**settings)
+        fleet.seed(shop.url("/"))
+        assert fleet.wait(240) == [0, 0]
+        stats = shop.stats()
+        proxied = rig.stats()
+
+    assert mongo.products.count_documents({}) == 150
+    assert (
+        mongo.products.count_documents({"name": {"$regex": "moment|denied", "$options": "i"}}) == 0
+    )
+    assert redis_client.llen(fleet.keys.dead) == 0
+    visits = stats["visits"]
+    served = [v for v in visits if v[3] == "ok" and v[4].startswith("/product/")]
+    assert len(served) == 150
+    assert len({v[4] for v in served}) == 150, "a product page was served twice"
+    # a banned (proxy, site) pair: one request from each node before the fleet knows
+    for address in banned:
+        assert sum(stats["clients"].get(address, {}).values()) <= 3, stats["clients"]
+    assert {v[1] for v in served} <= set(rig.sources[2:])
+    assert all(p["refused"] == 0 for p in proxied), "a request without the proxy's credentials"
+    # counted at the shop: never more than the site's cap open at once, across all proxies
+    assert open_at_once(shop.timeline()) <= 4
+    # a retired session's visitor is not seen after the step that retired it (the other node
+    # learns at its next step: well within a second here)
+    retired = redis_client.zrange(f"{fleet.keys.sessions}:retired", 0, -1, withscores=True)
+    assert retired, "SESSION_MAX_USES=10 retires sessions"
+    last = redis_client.hgetall(f"{fleet.keys.sessions}:retired:last")
+    late = []
+    for member, at_ms in retired:
+        cookies = json.loads(last[member])["c"]
+        visitor = next((c[1] for c in json.loads(cookies or "[]") if c[0] == "visitor"), None)
+        if visitor is None:
+            continue
+        late += [v for v in visits if v[2] == visitor and v[0] > at_ms / 1000 + 1.0]
+    assert late == [], "a retired session was used"
+    # the proxies' password is in no log line and nowhere in Redis
+    for index in (0, 1):
+        assert _SECRET not in fleet.log(index)
+    assert _SECRET.encode() not in _redis_text(redis_client, fleet.space.prefix)
+    node = [fleet.stats(i) for i in (0, 1)]
+    assert sum(n.get("blocks/count", 0) for n in node) == sum(
+        n for a in banned for n in stats["clients"].get(a, {}).values()
+    )
