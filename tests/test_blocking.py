@@ -18,6 +18,7 @@ from scrapy.settings import Settings
 
 from project.blocking.config import BlockConfig
 from project.blocking.policy import BlockPolicy
+from tests.fleet import wait_for
 from tests.site.defense import ANSWERS, Defense
 
 if TYPE_CHECKING:
@@ -193,6 +194,14 @@ def test_a_page_blocked_once_is_fetched_again_and_never_parsed(
     )
     assert "playwright/fallback" not in node, "a soft-blocked page went on to Chromium"
     assert node.get("item_scraped_count") == 60
+    # the run's report: blocks by signal and by site, and an alert (half the answers)
+    report = wait_for(lambda: mongo.crawl_runs.find_one({}), 30, "the run's report")
+    assert report["blocks"]["count"] == node["blocks/count"]
+    assert report["blocks"]["by_signal"] == by_signal
+    [entry] = report["blocks"]["sites"]
+    assert entry["site"] == site
+    assert entry["rate"] == pytest.approx(0.5, abs=0.02)
+    assert any(alert.startswith(f"{site} blocked") for alert in report["alerts"])
 
 
 @pytest.mark.crawl

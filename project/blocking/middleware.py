@@ -3,7 +3,8 @@
 Between HttpCompression (590) and the revisit, rendering and retry middlewares: it sees the
 decompressed body, after redirects, before a 429 or 503 is taken for a transient error. A
 block (project/blocking/policy.py names its signal) is counted (``blocks/count``,
-``blocks/signal/<signal>``, ``blocks/<site>/<signal>``) and its request tried again through
+``blocks/signal/<signal>``, ``blocks/<site>/<signal>``; each response looked at counts
+``block_checks/<site>``) and its request tried again through
 Redis after a backoff, as the URL it was leased as (not the challenge page it was sent to);
 after ``BLOCK_MAX_TRIES`` blocked tries (at once with ``meta["dont_retry"]`` or
 ``RETRY_ENABLED = False``; ``RETRY_TIMES`` does not count them) it is a dead letter whose reason
@@ -161,6 +162,7 @@ class BlockDetectionMiddleware:
         spider = self.crawler.spider
         assert spider is not None
         signal = self.policy.blocked(request, response, site, spider)
+        self.stats.inc_value(f"block_checks/{site}")
         if pool is not None and session is not None:
             pool.ended(session, signal is not None)
         if signal is None:

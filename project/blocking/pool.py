@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: A site's view is asked for while this node used it within this many seconds.
 _ASKED_FOR = 120.0
+#: A ban this node saw outlives a reply for this long, the round trips its report takes.
+_BAN_CARRIED = 5.0
 
 
 class SessionRetired(Exception):
@@ -76,6 +78,7 @@ class _Pair:
     until_ms: int = 0  # its cool-down ends then (the fleet's clock)
     score: float = 0.0
     proven: bool = False
+    banned_here: float = 0.0  # when this node banned it (monotonic), before the fleet knew
 
 
 @dataclass
@@ -174,6 +177,7 @@ class SessionPool:
                 ceiling = min(self.config.cooldown_max, self.config.cooldown_base * 2)
                 health.until_ms = int(self.clock() * 1000 + jitter * ceiling * 1000)
                 health.score = 0
+                health.banned_here = time.monotonic()
                 for other in view.sessions.values():
                     if other.proxy == session.proxy:
                         view.retired.add(other.id)
@@ -250,12 +254,26 @@ class SessionPool:
                     session.cookies = cookies
                     _load_jar(session.jar, cookies)
                 view.retired.discard(sid)
-            for proxy, health in pairs.items():
-                if isinstance(health, dict):
-                    pair = view.pairs.setdefault(str(proxy), _Pair())
-                    pair.until_ms = int(health.get("untl") or 0)
-                    pair.score = float(health.get("s") or 0)
-                    pair.proven = bool(health.get("pv"))
+            # the fleet's pairs replace this node's (a reset in `fleetcrawl proxies` ends a
+            # cool-down here too); what this node saw since the step was built comes again
+            # with its next one
+            fresh = {
+                str(proxy): _Pair(
+                    int(health.get("untl") or 0),
+                    float(health.get("s") or 0),
+                    bool(health.get("pv")),
+                )
+                for proxy, health in pairs.items()
+                if isinstance(health, dict)
+            }
+            recent = time.monotonic() - _BAN_CARRIED
+            for proxy, mine in view.pairs.items():
+                theirs = fresh.get(proxy)
+                if mine.banned_here >= recent and (
+                    theirs is None or theirs.until_ms < mine.until_ms
+                ):
+                    fresh[proxy] = mine  # its block goes with the next step
+            view.pairs = fresh
             view.version = int(version)
 
     # -- status -----------------------------------------------------------------------

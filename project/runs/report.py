@@ -49,6 +49,10 @@ class RunsConfig:
     max_item_drop: float = setting("RUNS_MAX_ITEM_DROP", 0.2)
     max_coverage_drop: float = setting("RUNS_MAX_COVERAGE_DROP", 0.2)
     max_error_rate: float = setting("RUNS_MAX_ERROR_RATE", 0.1)
+    #: A site whose share of blocked answers is above this alerts (project/blocking), once it
+    #: answered RUNS_BLOCK_MIN_RESPONSES times in the run.
+    max_block_rate: float = setting("RUNS_MAX_BLOCK_RATE", 0.2)
+    block_min_responses: int = setting("RUNS_BLOCK_MIN_RESPONSES", 20)
     webhook_url: str = setting("RUNS_WEBHOOK_URL", "")
     webhook_proxy: str = setting("RUNS_WEBHOOK_PROXY", "")
     webhook_timeout: float = setting("RUNS_WEBHOOK_TIMEOUT", 10.0)
@@ -99,12 +103,62 @@ async def _item_collections(database: AsyncDatabase[_Document], config: MongoCon
     return names
 
 
+def _blocks(counts: dict[str, float]) -> _Document:
+    """Blocks of the run (project/blocking/middleware.py's counters): in all, by signal, and
+    per site with the share of its answers they were."""
+    by_signal = {
+        key.removeprefix("blocks/signal/"): int(n)
+        for key, n in counts.items()
+        if key.startswith("blocks/signal/")
+    }
+    checked = {
+        key.removeprefix("block_checks/"): int(n)
+        for key, n in counts.items()
+        if key.startswith("block_checks/")
+    }
+    sites: dict[str, _Document] = {}
+    for key, n in counts.items():
+        if (
+            key.startswith("blocks/")
+            and key.count("/") >= 2
+            and not key.startswith(("blocks/signal/", "blocks/count"))
+        ):
+            site, signal = key.removeprefix("blocks/").rsplit("/", 1)
+            entry = sites.setdefault(site, {"blocks": 0, "signals": {}})
+            entry["blocks"] += int(n)
+            entry["signals"][signal] = int(n)
+    for site, entry in sites.items():
+        entry["site"] = site
+        entry["responses"] = checked.get(site, entry["blocks"])
+        entry["rate"] = round(entry["blocks"] / max(1, entry["responses"]), 4)
+    total = sum(checked.values())
+    count = _total(counts, "blocks/count")
+    return {
+        "count": count,
+        "rate": round(count / total, 4) if total else 0.0,
+        "by_signal": dict(sorted(by_signal.items())),
+        # a list: a site has dots, which a document's keys may not have (FerretDB)
+        "sites": sorted(sites.values(), key=lambda e: (-e["rate"], e["site"])),
+    }
+
+
 def _compare(report: _Document, previous: _Document | None, config: RunsConfig) -> list[str]:
     """The thresholds this run fails."""
     alerts = []
     rate = report["error_rate"]
     if rate > config.max_error_rate:
         alerts.append(f"error rate {rate:.1%} above {config.max_error_rate:.1%}")
+    for entry in report.get("blocks", {}).get("sites", []):
+        site = entry["site"]
+        if (
+            entry["responses"] >= config.block_min_responses
+            and entry["rate"] > config.max_block_rate
+        ):
+            signals = ", ".join(f"{s} {n}" for s, n in sorted(entry["signals"].items()))
+            alerts.append(
+                f"{site} blocked {entry['rate']:.1%} of {entry['responses']} answers"
+                f" ({signals}), above {config.max_block_rate:.1%}"
+            )
     if previous is None:
         return alerts
     before, now = previous.get("items", {}).get("stored", 0), report["items"]["stored"]
@@ -177,6 +231,7 @@ async def finish_run(
             "dead_letters": _total(counts, "frontier/dead"),
             "errors": errors, "error_rate": round(errors / requests, 4),
             "coverage": _coverage(counts), "gone_marked": mongo.mark_gone,
+            "blocks": _blocks(counts),
         }  # fmt: skip
         previous = await database[mongo.runs_collection].find_one(
             {"spider": spider, "_id": {"$ne": run_id}}, sort=[("ended", -1)]
@@ -291,6 +346,10 @@ def render_report(report: _Document, previous: _Document | None = None) -> str:
         (f"  rejects {report['rejects']}, dead letters {report['dead_letters']},"
          f" errors {report['errors']} ({report['error_rate']:.1%})"),
     ]  # fmt: skip
+    blocks = report.get("blocks") or {}
+    if blocks.get("count"):
+        signals = ", ".join(f"{s} {n}" for s, n in blocks["by_signal"].items())
+        lines.append(f"  blocks {blocks['count']} ({blocks['rate']:.1%}): {signals}")
     for name, fields in sorted(report["coverage"].items()):
         shown = ", ".join(f"{field} {share:.0%}" for field, share in sorted(fields.items()))
         lines.append(f"  coverage of {name}: {shown}")

@@ -12,7 +12,8 @@
                     sessions:retired:last: its last state
     proxies         "<proxy>\n<site>" -> {s = score, t = ms of s, n = bans, untl = ms its
                     cool-down ends, ok, bl = blocks, pv = 1 once it served a page};
-                    proxies|<site>: the proxies with a record for the site
+                    proxies|<site>: the proxies with a record for the site;
+                    proxies:sites: the sites with a record
   ARGV section session: kind site id proxy data
     kind 'new'    a session this node made; data: JSON {ua = ...}. Kept while the site has
                   fewer than options.sessions.size alive and no session of that id retired
@@ -68,7 +69,10 @@ do
         local field = proxy .. '\n' .. site
         local raw = redis.call('HGET', K.proxies, field)
         local pair = raw and cjson.decode(raw) or {n = 0, ok = 0, bl = 0, pv = 0, untl = 0}
-        if not raw then redis.call('SADD', pairs_key(site), proxy) end
+        if not raw then
+            redis.call('SADD', pairs_key(site), proxy)
+            redis.call('SADD', K.proxies .. ':sites', site)
+        end
         pair.s, pair.t = decayed(pair, now, o.half_life_ms), now
         local banned = false
         if blocked then
