@@ -168,7 +168,10 @@ def test_a_page_blocked_once_is_fetched_again_and_never_parsed(
     fleet.start_node(
         BLOCK_REQUIRED_CSS={"*": "header .home"},
         FRONTIER_RETRY_BACKOFF_BASE=0.1,
-        PLAYWRIGHT_ENABLED=False,
+        # sessions without proxies: a 403 is tried again as another visitor (a cookie jar
+        # of its own); the one address is never cooled down here
+        SESSION_ENABLED=True,
+        PROXY_COOLDOWN_BASE=0,
     )
     fleet.seed(shop.url("/"))
     assert fleet.wait(180) == [0]
@@ -208,7 +211,7 @@ def test_a_page_blocked_once_is_fetched_again_and_never_parsed(
 def test_a_page_blocked_every_time_is_dead_lettered_with_its_signal(
     fleet: Fleet, make_shop, mongo: pymongo.database.Database[Any], redis_client: redis.Redis
 ) -> None:
-    shop = make_shop(products=10, block_first=5, block_first_answer="403")
+    shop = make_shop(products=10, block_first=5, block_first_answer="challenge")
     products = [shop.url(p["url"]) for p in shop.catalogue()["products"][:4]]
     fleet.start_node(BLOCK_MAX_TRIES=2, FRONTIER_RETRY_BACKOFF_BASE=0.1)
     fleet.seed(*products)
@@ -216,13 +219,13 @@ def test_a_page_blocked_every_time_is_dead_lettered_with_its_signal(
 
     dead = _dead(redis_client, fleet)
     assert sorted(d["url"] for d in dead) == sorted(products)
-    assert {d["error"] for d in dead} == {"blocked: status_403"}
+    assert {d["error"] for d in dead} == {"blocked: challenge"}
     assert {d["attempts"] for d in dead} == {2}
     hits = shop.stats()["product_hits"]
     assert sorted(hits.values()) == [2, 2, 2, 2], "BLOCK_MAX_TRIES tries each"
     assert mongo.products.count_documents({}) == 0
     node = fleet.stats(0)
-    assert node["blocks/signal/status_403"] == 8
+    assert node["blocks/signal/challenge"] == 8
     assert node["frontier/retry/blocked"] == 4
 
 

@@ -44,8 +44,6 @@ PEAK_RSS_BOUND = 400 * 1024 * 1024
 
 _SETTINGS = {
     "RETRY_TIMES": 1,
-    # a 429 or 503 without a Retry-After that parses is a block: tried as often as an error
-    "BLOCK_MAX_TRIES": 2,
     "FRONTIER_RETRY_BACKOFF_BASE": 0.2,
     # The never-ending page is cut by the lease's age, not by Scrapy's download timeout.
     "FRONTIER_MAX_LEASE_SECONDS": 6,
@@ -58,8 +56,8 @@ _SETTINGS = {
 #: letter's reason must say).
 _DEAD_REASONS: dict[str, tuple[set[int], re.Pattern[str]]] = {
     "retry-after-huge": ({1}, re.compile(r"Retry-After")),
-    "retry-after-garbage": ({2}, re.compile(r"blocked: status_503")),
-    "throttled": ({2}, re.compile(r"blocked: status_429")),
+    "retry-after-garbage": ({2}, re.compile(r"HTTP 503")),
+    "throttled": ({2}, re.compile(r"HTTP 429")),
     # Over DOWNLOAD_MAXSIZE (16 MiB): retried like a download error, or dead at once.
     "huge": ({1, 2}, re.compile(r"max(imum)? ?size|MAXSIZE|larger than", re.IGNORECASE)),
     # DOWNLOAD_TIMEOUT is 30 s: the download was cut at FRONTIER_MAX_LEASE_SECONDS.

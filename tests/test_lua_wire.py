@@ -148,7 +148,7 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
         ("start_held", 0), ("counts", [b"queued", 1, b"delayed", 0, b"inflight", 1,
                                        b"seeds", 0, b"starting", 0]),
         ("wait_ms", None), ("now", 1_700_000_000_000), ("replayed", 0),
-        ("sessions", [b"s", 3, b"[]", b"{}"]), ("retired", 1),
+        ("sessions", [b"s", 3, b"[]", b"{}"]), ("retired", 1), ("probes", [b"s\nhttp://p:1"]),
     ]  # fmt: skip
     flat = [v for name, value in pairs for v in (name.encode(), value)]
     backwards = [v for name, value in reversed(pairs) for v in (name.encode(), value)]
@@ -160,3 +160,4 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
     assert first.shares == {"s": 2}
     assert first.sessions == [("s", 3, b"[]", b"{}")]
     assert first.retired == 1
+    assert first.probes == [("s", "http://p:1")]

@@ -206,8 +206,7 @@ def test_flaky_pages_are_retried_then_dead_lettered(
     assert not {str(pid) for pid in expected["broken"]} & stored
     dead = [json.loads(r) for r in redis_client.lrange(fleet.keys.dead, 0, -1)]
     assert sorted(int(d["url"].rsplit("/", 1)[1]) for d in dead) == sorted(expected["broken"])
-    # a 503 without Retry-After is a block (project/blocking): BLOCK_MAX_TRIES (3) tries
-    assert {(d["attempts"], d["error"]) for d in dead} == {(3, "blocked: status_503")}
+    assert {(d["attempts"], d["error"]) for d in dead} == {(3, "HTTP 503")}
     assert mongo.failures.count_documents({"kind": "request"}) == len(expected["broken"])
 
 

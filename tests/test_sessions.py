@@ -13,7 +13,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
 
 from project.blocking.config import SessionConfig, parse_proxy_pool
-from project.blocking.pool import SessionPool, SessionRetired
+from project.blocking.pool import Session, SessionPool, SessionRetired
 from project.frontier.queue import LeasedQueue, StepBatch
 from tests.site.proxies import ProxyRig
 from tests.site.stats import open_at_once
@@ -37,77 +37,82 @@ def _pool(**settings: Any) -> SessionPool:
 async def _step(queue: LeasedQueue, pool: SessionPool) -> None:
     entries = pool.take_entries()
     result = await queue.step(StepBatch(sessions=entries, session_options=pool.options(entries)))
-    pool.apply(result.sessions, result.retired)
+    pool.apply(result.sessions, result.retired, result.probes)
+
+
+def _done(pool: SessionPool, session: Session, blocked: bool) -> None:
+    """A download through *session* is over: it left the downloader, a page or a block."""
+    pool.left(session)
+    pool.ended(session, blocked)
+
+
+def _picked(pool: SessionPool, site: str = "s") -> Session:
+    pick = pool.pick(site)
+    assert pick.session is not None, pick
+    pool.started(pick.session)
+    return pick.session
 
 
 def test_a_session_retired_by_one_node_is_gone_for_the_other_at_its_next_step(
     redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
 ) -> None:
-    a, b = _pool(PROXY_BAN_SCORE=10), _pool(PROXY_BAN_SCORE=10)
+    a = _pool(SESSION_MAX_ERROR_SCORE=2, PROXY_BAN_SCORE=10)
+    b = _pool(SESSION_MAX_ERROR_SCORE=2, PROXY_BAN_SCORE=10)
 
     async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
-        first, second = a.pick("s").session, a.pick("s").session
-        assert first is not None
-        assert second is not None
+        assert a.pick("s").session is None, "no pair tried yet: a probe of the fleet's first"
+        await _step(qa, a)
+        first, second = _picked(a), _picked(a)
         assert {first.proxy, second.proxy} == {P1, P2}, "spread over the proxies"
         for session in (first, second):
-            a.started(session)
-            a.ended(session, blocked=False)
+            _done(a, session, False)
         await _step(qa, a)
         b.pick("s")  # b's first request of the site: it asks for the fleet's sessions
         await _step(qb, b)
         assert {s.id for s in b._views["s"].sessions.values()} == {first.id, second.id}
-        # blocks through the first one (a proven pair, under PROXY_BAN_SCORE) retire the
-        # session at an error score of 3 (a page takes 0.5 off), not the proxy
-        for blocked in (True, False, True, True, True):
+        # blocks through the first one retire the session at SESSION_MAX_ERROR_SCORE (a page
+        # takes 0.5 off; a page between blocks keeps its proxy from a ban)
+        for blocked in (True, False, True, False, True):
             a.started(first)
-            a.ended(first, blocked=blocked)
+            _done(a, first, blocked)
         assert first.id in a._views["s"].retired, "the reporting node retires it at once"
         await _step(qa, a)
         await _step(qb, b)
         assert first.id not in b._views["s"].sessions, "the other node, at its next step"
         for _ in range(20):
-            pick = b.pick("s")
-            assert pick.session is not None
-            assert pick.session.id != first.id
-            b.started(pick.session)
+            assert _picked(b).id != first.id
 
     run(redis_url, keys, scenario)
     retired = redis_client.zrange(f"{keys.sessions}:retired", 0, -1)
     assert retired == [f"s\n{a._views['s'].retired.pop()}".encode()]
     last = json.loads(redis_client.hget(f"{keys.sessions}:retired:last", retired[0]))
-    assert last["e"] == 3.5
+    assert last["e"] == 2
     assert last["u"] == 6
 
 
-def test_a_pair_banned_on_probation_costs_one_request_per_node_and_cools_down_for_all(
+def test_a_pair_banned_on_probation_costs_the_fleet_one_request_and_cools_down_for_all(
     redis_url: str, keys: FrontierKeys
 ) -> None:
     a, b = _pool(SESSION_POOL_SIZE=4), _pool(SESSION_POOL_SIZE=4)
 
     async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
-        # each node: one download at a time through each pair that never served a page
-        picks = []
-        for _ in range(3):
-            picks.append(a.pick("s"))
-            if picks[-1].session is not None:
-                a.started(picks[-1].session)
-        sessions = [p.session for p in picks if p.session is not None]
-        assert len(sessions) == 2
-        assert picks[2].session is None
-        assert picks[2].wait < 1
-        through_p1 = next(s for s in sessions if s.proxy == P1)
-        a.ended(through_p1, blocked=True)  # P1 is banned for "s"
-        a.ended(next(s for s in sessions if s.proxy == P2), blocked=False)
-        await _step(qa, a)
+        a.pick("s")
+        await _step(qa, a)  # a holds the probes of both pairs
         b.pick("s")
+        await _step(qb, b)
+        assert b.pick("s").session is None, "another node probes them: b waits"
+        through_p1, through_p2 = sorted((_picked(a), _picked(a)), key=lambda s: s.proxy)
+        assert (through_p1.proxy, through_p2.proxy) == (P1, P2)
+        held = a.pick("s")
+        assert held.session is None, "one download of the fleet at a time on probation"
+        assert held.wait < 1
+        _done(a, through_p1, True)  # P1 is banned for "s"
+        _done(a, through_p2, False)
+        await _step(qa, a)
         await _step(qb, b)
         for pool in (a, b):
             for _ in range(10):
-                pick = pool.pick("s")
-                assert pick.session is not None
-                assert pick.session.proxy == P2
-                pool.started(pick.session)
+                assert _picked(pool).proxy == P2
         assert b.describe("s")["cooling"] == [P1]
 
     run(redis_url, keys, scenario)
@@ -119,11 +124,10 @@ def test_every_proxy_cooling_means_waiting_for_the_first_to_come_back(
     a = _pool(PROXY_COOLDOWN_BASE=100, PROXY_COOLDOWN_MAX=100)
 
     async def scenario(qa: LeasedQueue, _: LeasedQueue) -> None:
+        a.pick("s")
+        await _step(qa, a)
         for _ in range(2):
-            session = a.pick("s").session
-            assert session is not None
-            a.started(session)
-            a.ended(session, blocked=True)
+            _done(a, _picked(a), True)
         pick = a.pick("s")
         assert pick.session is None
         assert 0 <= pick.wait <= 100
@@ -135,13 +139,16 @@ def test_every_proxy_cooling_means_waiting_for_the_first_to_come_back(
 
 def test_tiers_escalate_when_one_is_banned() -> None:
     pool = _pool(PROXY_POOL=[[None], [P1, P2], [P3]], SESSION_POOL_SIZE=1)
+    pool.random.random = lambda: 0.5  # type: ignore[method-assign] (a cool-down of 300 s)
+    pool.pick("s")
+    pool.apply([], probes=[("s", ""), ("s", P1), ("s", P2), ("s", P3)])  # as a step grants
     direct = pool.pick("s")
     assert direct.session is not None
     assert direct.session.proxy == ""
     assert direct.proxy is not None
     assert direct.proxy.url == ""
     pool.started(direct.session)
-    pool.ended(direct.session, blocked=True)
+    _done(pool, direct.session, True)
     datacenter = pool.pick("s")
     assert datacenter.session is not None
     assert datacenter.session.proxy in (P1, P2)
@@ -154,14 +161,15 @@ def test_a_pinned_session_is_kept_and_a_retired_one_refused(
     a, b = _pool(SESSION_MAX_ERROR_SCORE=1), _pool()
 
     async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
-        for _ in range(3):  # the site's pool is full: a pinned one is taken all the same
-            session = a.pick("s").session
-            assert session is not None
+        a.pick("s")
+        await _step(qa, a)
+        for _ in range(2):  # the site's pool is full: a pinned one is taken all the same
+            _done(a, _picked(a), False)
         login = a.pick("s", pinned="login").session
         assert login is not None
         assert login.id == "login"
         a.started(login)
-        a.ended(login, blocked=False)
+        _done(a, login, False)
         await _step(qa, a)
         b.pick("s")
         await _step(qb, b)
@@ -170,9 +178,9 @@ def test_a_pinned_session_is_kept_and_a_retired_one_refused(
         assert again is not None
         assert again.id == "login"
         b.started(again)
-        b.ended(again, blocked=True)
+        _done(b, again, True)
         a.started(login)
-        a.ended(login, blocked=True)  # SESSION_MAX_ERROR_SCORE 1 at a: retired
+        _done(a, login, True)  # SESSION_MAX_ERROR_SCORE 1 at a: retired
         await _step(qa, a)
         with pytest.raises(SessionRetired):
             a.pick("s", pinned="login")

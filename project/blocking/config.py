@@ -3,6 +3,7 @@ PROXY_*: the fleet's sessions and proxies."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -27,6 +28,7 @@ __all__ = [
     "Proxy",
     "SessionConfig",
     "parse_proxy_pool",
+    "proxy_tiers",
 ]
 
 #: Regexes (case-insensitive) over the start of an HTML body that only challenge and denial
@@ -157,6 +159,26 @@ def parse_proxy_pool(value: object, environ: dict[str, str]) -> list[list[Proxy]
             raise NotConfigured(f"PROXY_POOL: tier {n} is empty")
         parsed.append(proxies)
     return parsed
+
+
+class _Masked(collections.UserDict[str, str]):
+    """An environment where every variable is set: a proxy's id masks its password anyway."""
+
+    def __missing__(self, key: str) -> str:
+        return "***"
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def proxy_tiers(settings: BaseSettings) -> dict[str, int]:
+    """Proxy id (``direct`` for none) -> its tier in PROXY_POOL, read without credentials
+    (for readers: status, the dashboard, ``fleetcrawl proxies``); {} if it cannot be read."""
+    try:
+        tiers = parse_proxy_pool(settings.get("PROXY_POOL"), _Masked())  # type: ignore[arg-type]
+    except NotConfigured:
+        return {}
+    return {proxy.id or "direct": proxy.tier for tier in tiers for proxy in tier}
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ Redis after a backoff, as the URL it was leased as (not the challenge page it wa
 after ``BLOCK_MAX_TRIES`` blocked tries (at once with ``meta["dont_retry"]`` or
 ``RETRY_ENABLED = False``; ``RETRY_TIMES`` does not count them) it is a dead letter whose reason
 is ``blocked: <signal>``, and the spider's errback sees an ``IgnoreRequest``: never a callback.
-Only the frontier's leases are looked at (robots.txt is not); ``meta["dont_block_check"]``
-passes a request through.
+Without sessions, a blocking status (a 403, a 429 or 503 without Retry-After) is counted and
+goes on as before (RETRY_HTTP_CODES, then the spider's errback): there is no other visitor to
+try it as. Only the frontier's leases are looked at (robots.txt is not);
+``meta["dont_block_check"]`` passes a request through.
 
 With sessions (SESSION_ENABLED, or PROXY_POOL), each request of a site goes through one of
 the fleet's sessions (project/blocking/pool.py): its proxy (``meta["proxy"]``, which Scrapy's
@@ -29,6 +31,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -57,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: The meta keys of a redirect, dropped from the retry of a request redirected to a block.
 _REDIRECT_META = ("redirect_urls", "redirect_reasons", "redirect_times", "redirect_ttl")
+#: Set once a request's session download is counted as over (project/blocking/pool.py).
+_LEFT_META_KEY = "_fleet_session_left"
 #: A pair on probation busy: how long a request waits for it here, at most, before it goes
 #: back to Redis.
 _PROBATION_WAIT = 10.0
@@ -93,7 +98,23 @@ class BlockDetectionMiddleware:
         if not (isinstance(policy_class, type) and issubclass(policy_class, BlockPolicy)):
             raise NotConfigured(f"BLOCK_POLICY {config.policy!r} is not a BlockPolicy")
         policy = build_from_crawler(policy_class, crawler)
-        return cls(crawler, config, policy, pool_of(crawler))
+        middleware = cls(crawler, config, policy, pool_of(crawler))
+        if middleware.sessions is not None:
+            crawler.signals.connect(middleware._left, signal=signals.request_left_downloader)
+        return middleware
+
+    def _left(self, request: Request, spider: object = None) -> None:
+        """A request left the downloader (whatever became of it): its session's download is
+        over (a redirect's answer never reaches process_response)."""
+        session = request.meta.get(SESSION_META_KEY)
+        pool = self.sessions
+        if (
+            pool is not None
+            and isinstance(session, Session)
+            and not request.meta.get(_LEFT_META_KEY)
+        ):
+            request.meta[_LEFT_META_KEY] = True
+            pool.left(session)
 
     async def process_request(self, request: Request) -> Request | None:
         pool = self.sessions
@@ -125,8 +146,8 @@ class BlockDetectionMiddleware:
             copy = _retry_copy(request)
             self.retry.again(request, copy, max(1.0, pick.wait), "no proxy available")
             logger.info(
-                "Every proxy of %s is cooling down: %s waits %.0f s in Redis",
-                site, mask_url(request.url), max(1.0, pick.wait),
+                "No proxy of %s may take a request now (%s): %s waits %.0f s in Redis",
+                site, pool.why_waiting(site), mask_url(request.url), max(1.0, pick.wait),
             )  # fmt: skip
             return copy
         session = pick.session
@@ -139,13 +160,12 @@ class BlockDetectionMiddleware:
             request.headers[b"User-Agent"] = agent
         if b"Cookie" not in request.headers:
             session.jar.add_cookie_header(request)
+        request.meta.pop(_LEFT_META_KEY, None)
         pool.started(session)
         return None
 
     def process_exception(self, request: Request, exception: Exception) -> None:
-        session = request.meta.get(SESSION_META_KEY)
-        if self.sessions is not None and isinstance(session, Session):
-            self.sessions.ended(session, None)
+        self._left(request)  # it may never have reached the downloader
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         pool, session = self.sessions, request.meta.get(SESSION_META_KEY)
@@ -168,9 +188,13 @@ class BlockDetectionMiddleware:
         if signal is None:
             self.policy.passed(response, site)
             return response
-        tries = _tries(request) + 1
         for key in ("blocks/count", f"blocks/signal/{signal}", f"blocks/{site}/{signal}"):
             self.stats.inc_value(key)
+        if self.sessions is None and signal.startswith("status_"):
+            # no other visitor to try it as: the answer goes on as Scrapy users expect it
+            # (the retries' RETRY_HTTP_CODES, then the spider's errback), counted as a block
+            return response
+        tries = _tries(request) + 1
         error = f"blocked: {signal}"
         if (
             tries >= self.config.max_tries

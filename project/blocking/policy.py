@@ -12,6 +12,7 @@ import re
 import statistics
 from collections import deque
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from scrapy.http import TextResponse
 
@@ -87,8 +88,9 @@ class BlockPolicy:
         self, request: Request, response: Response, site: str, spider: Spider
     ) -> str | None:
         """``challenge`` (a marker or a marker selector), ``soft_missing`` (no element the
-        site's good pages have), ``soft_short`` (much shorter than its good pages): only of
-        an HTML answer of status 2xx."""
+        site's good pages have), ``soft_short`` (much shorter than the site's good pages of
+        its kind: the same first path segment and depth): only of an HTML answer of status
+        2xx."""
         if not (200 <= response.status < 300 and _is_html(response)):
             return None
         assert isinstance(response, TextResponse)
@@ -101,7 +103,7 @@ class BlockPolicy:
         required = self.required_css(site, spider)
         if required and not response.css(required):
             return "soft_missing"
-        lengths = self._lengths.get(site)
+        lengths = self._lengths.get(_shape(site, response.url))
         if (
             self.config.soft_ratio > 0
             and lengths is not None
@@ -121,7 +123,16 @@ class BlockPolicy:
     def passed(self, response: Response, site: str) -> None:
         """*response* of *site* was no block: an HTML 2xx joins the site's running median."""
         if 200 <= response.status < 300 and _is_html(response):
-            self._lengths.setdefault(site, deque(maxlen=_WINDOW)).append(len(response.body))
+            lengths = self._lengths.setdefault(_shape(site, response.url), deque(maxlen=_WINDOW))
+            lengths.append(len(response.body))
+
+
+def _shape(site: str, url: str) -> str:
+    """The kind of page *url* is on its site, for the running medians: its first path segment
+    and how deep it goes (``/product/12`` and ``/product/13`` are one kind, ``/category/a``
+    another, ``/books/book/x.html`` and ``/books/category/y/z.html`` two more)."""
+    segments = urlsplit(url).path.strip("/").split("/")
+    return f"{site} /{segments[0]}/{len(segments)}" if segments != [""] else f"{site} /"
 
 
 def _any_of(patterns: list[str], flags: int) -> re.Pattern[str] | None:

@@ -51,6 +51,10 @@ logger = logging.getLogger(__name__)
 _ASKED_FOR = 120.0
 #: A ban this node saw outlives a reply for this long, the round trips its report takes.
 _BAN_CARRIED = 5.0
+#: A probe of a pair on probation is this node's for this long (or until its answer).
+_PROBE_MS = 30_000
+#: Probes asked for in one step, at most.
+_PROBES_ASKED = 50
 
 
 class SessionRetired(Exception):
@@ -116,6 +120,13 @@ class SessionPool:
         self._entries: list[tuple[str, str, str, str, str]] = []
         self._inflight: dict[tuple[str, str], int] = {}  # (proxy, site) -> downloads
         self._by_session: dict[tuple[str, str], int] = {}  # (site, id) -> downloads
+        #: Pairs on probation this node may try, as the last step granted (one node of the
+        #: fleet at a time each)
+        self._probes: set[tuple[str, str]] = set()
+        #: A pick waited for a probe: the loop steps at its next tick.
+        self.waiting = False
+        #: The draws of cool-downs (full jitter) and user agents.
+        self.random = random.Random()  # noqa: S311 (jitter, not crypto)
         self.retired_seen = 0
 
     # -- the middleware's side ------------------------------------------------------
@@ -147,7 +158,8 @@ class SessionPool:
         if candidates:
             best = min(candidates, key=lambda s: (self._by_session.get((site, s.id), 0), s.uses))
             return Pick(best, self.proxies.get(best.proxy))
-        return Pick(wait=0.05)  # each pair on probation carries a download of this node
+        self.waiting = True
+        return Pick(wait=0.05)  # every pair on probation is tried by another download
 
     def started(self, session: Session) -> None:
         """A download through *session* went on its way."""
@@ -156,23 +168,28 @@ class SessionPool:
         key = (session.site, session.id)
         self._by_session[key] = self._by_session.get(key, 0) + 1
 
-    def ended(self, session: Session, blocked: bool | None) -> None:
-        """A download through *session* ended: a page (``blocked`` False), a block (True),
-        or neither (a download error: None)."""
+    def left(self, session: Session) -> None:
+        """A download through *session* left the downloader (or never reached it)."""
         pair = (session.proxy, session.site)
         self._inflight[pair] = max(0, self._inflight.get(pair, 0) - 1)
         key = (session.site, session.id)
         self._by_session[key] = max(0, self._by_session.get(key, 0) - 1)
+
+    def ended(self, session: Session, blocked: bool | None) -> None:
+        """What a download through *session* was: a page (``blocked`` False), a block (True),
+        or neither (a download error, a redirect: None)."""
         if blocked is None:
             return
         view = self._view(session.site)
         health = view.pairs.setdefault(session.proxy, _Pair())
         session.uses += 1
         if blocked:
-            jitter = random.random()  # noqa: S311 (full jitter, not crypto)
+            jitter = self.random.random()
             session.errors += 1
             health.score += 1
-            if not health.proven or health.score >= self.config.ban_score:
+            was_proven, health.proven = health.proven, False  # on probation again
+            self._probes.discard((session.site, session.proxy))
+            if not was_proven or health.score >= self.config.ban_score:
                 # as the step will: every session through it retires with the ban
                 ceiling = min(self.config.cooldown_max, self.config.cooldown_base * 2)
                 health.until_ms = int(self.clock() * 1000 + jitter * ceiling * 1000)
@@ -214,6 +231,16 @@ class SessionPool:
         cutoff = time.monotonic() - _ASKED_FOR
         sites = {site: v.version for site, v in self._views.items() if v.asked >= cutoff}
         sites.update({entry[1]: -1 for entry in entries if entry[0] in ("new", "pin")})
+        now_ms = self.clock() * 1000
+        probes = []
+        for site in sites:
+            view = self._views.get(site)
+            tier = self._tier(view, now_ms) if view is not None else None
+            for proxy in tier or []:
+                pair = view.pairs.get(proxy.id) if view is not None else None
+                if pair is None or not pair.proven:
+                    probes.append(f"{site}\n{proxy.id}")
+        self.waiting = False
         return {
             "size": c.pool_size,
             "max_errors": c.max_errors,
@@ -224,11 +251,21 @@ class SessionPool:
             "cool_base_ms": int(c.cooldown_base * 1000),
             "cool_max_ms": int(c.cooldown_max * 1000),
             "sites": sites,
+            "probes": probes[:_PROBES_ASKED],
+            "probe_ms": _PROBE_MS,
         }
 
-    def apply(self, views: list[tuple[str, int, bytes, bytes]], retired: int = 0) -> None:
-        """A step's reply: the sessions and pairs of the sites whose sessions changed."""
+    def apply(
+        self,
+        views: list[tuple[str, int, bytes, bytes]],
+        retired: int = 0,
+        probes: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """A step's reply: the sessions and pairs of the sites whose sessions changed, and
+        the probes this node holds."""
         self.retired_seen += retired
+        if probes is not None:
+            self._probes = set(probes)
         for site, version, sessions_json, pairs_json in views:
             view = self._view(site, touch=False)
             listed = json.loads(sessions_json) if sessions_json else []
@@ -276,6 +313,20 @@ class SessionPool:
             view.pairs = fresh
             view.version = int(version)
 
+    def why_waiting(self, site: str) -> str:
+        """Why no session of *site* can be had now, for a log line."""
+        view = self._views.get(site)
+        now_ms = self.clock() * 1000
+        if view is None or self._tier(view, now_ms) is None:
+            return "every proxy cooling down"
+        busy = [
+            p.id or "direct"
+            for p in self._tier(view, now_ms) or []
+            if not self._may_carry(view, p.id, site)
+        ]
+        held = sorted(proxy or "direct" for s, proxy in self._probes if s == site)
+        return f"on probation, tried by other downloads: {busy}; probes held here: {held}"
+
     # -- status -----------------------------------------------------------------------
 
     def describe(self, site: str) -> dict[str, Any]:
@@ -311,9 +362,12 @@ class SessionPool:
         return None
 
     def _may_carry(self, view: _SiteView, proxy: str, site: str) -> bool:
+        """A proven pair carries any download; one on probation, one download of the fleet
+        at a time: of the node the step granted its probe to."""
         pair = view.pairs.get(proxy)
-        proven = pair is not None and pair.proven
-        return proven or self._inflight.get((proxy, site), 0) == 0
+        if pair is not None and pair.proven:
+            return True
+        return (site, proxy) in self._probes and self._inflight.get((proxy, site), 0) == 0
 
     def _pinned(self, view: _SiteView, site: str, pinned: str, now_ms: float) -> Pick:
         if pinned in view.retired:
@@ -328,7 +382,7 @@ class SessionPool:
         self, view: _SiteView, site: str, sid: str, proxy: Proxy, kind: str = "new"
     ) -> Session:
         agents = len(self.config.user_agents)
-        ua = random.randrange(agents) if agents else 0  # noqa: S311 (a pick, not crypto)
+        ua = self.random.randrange(agents) if agents else 0
         session = Session(sid, site, proxy.id, ua)
         view.sessions[sid] = session
         self._entries.append((kind, site, sid, proxy.id, json.dumps({"ua": ua})))

@@ -355,6 +355,7 @@ class FrontierLoop:
             or bool(self._seeds_maybe and self._seed_want())
             or bool(self._walk_open and self.ledger.slots())
             or self.ledger.runs_short()
+            or bool(self.sessions is not None and self.sessions.waiting)
         )
 
     def _seed_want(self) -> int:
@@ -467,7 +468,7 @@ class FrontierLoop:
         if batch.latency:
             self._latency = {}
         if self.sessions is not None and batch.session_options is not None:
-            self.sessions.apply(result.sessions, result.retired)
+            self.sessions.apply(result.sessions, result.retired, result.probes)
             if result.retired:
                 self._count("sessions/retired", result.retired)
         wake = result.next_wake_ms

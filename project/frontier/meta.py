@@ -67,5 +67,6 @@ NODE_LOCAL_META_KEYS = frozenset(
         ROBOTS_LOCK_META_KEY,
         ROBOTS_SITE_META_KEY,
         SESSION_META_KEY,
+        "_fleet_session_left",
     }
 )

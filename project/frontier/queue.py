@@ -69,6 +69,7 @@ REPLY: Final = (
     "replayed",
     "sessions",
     "retired",
+    "probes",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -223,6 +224,8 @@ class StepResult:
     sessions: list[tuple[str, int, bytes, bytes]] = field(default_factory=list)
     #: Sessions this step retired.
     retired: int = 0
+    #: (site, proxy) pairs on probation this node may try (lua/step/sessions.lua).
+    probes: list[tuple[str, str]] = field(default_factory=list)
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -428,4 +431,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
             for j in range(0, len(views), 4)
         ],
         retired=int(reply["retired"]),
+        probes=[
+            (site, proxy) for site, _, proxy in (_text(p).partition("\n") for p in reply["probes"])
+        ],
     )

@@ -275,6 +275,9 @@ def render(status: dict[str, Any]) -> RenderableType:
     if status["sites"]:
         parts.append(_sites(status["sites"], status.get("site_count") or {}))
     parts.append(nodes)
+    blocking = status.get("blocking") or {}
+    if blocking.get("sites") or blocking.get("proxies"):
+        parts.append(_blocking(blocking))
     if status["failures"] or fleet["retry_reasons"]:
         failures = Table(title="Failures", title_justify="left", expand=True)
         failures.add_column("count", justify="right")
@@ -290,6 +293,28 @@ def render(status: dict[str, Any]) -> RenderableType:
             failures.add_row(str(count), _cell(f"retried: {printable(reason, 200)}"), "")
         parts.append(failures)
     return Group(*parts)
+
+
+def _blocking(blocking: dict[str, Any]) -> RenderableType:
+    """Blocks per site (with its sessions and tier) and the proxies' health."""
+    table = Table(title="Blocks and proxies", title_justify="left", expand=True)
+    for name in ("site or proxy", "answers", "blocked", "rate", "sessions", "tier", "cooling"):
+        table.add_column(name, justify="left" if name in ("site or proxy", "cooling") else "right")
+    for row in blocking.get("sites", [])[:10]:
+        table.add_row(
+            _cell(row["site"]), str(row["responses"]), str(row["blocks"]),
+            f"{row['block_rate']:.0%}", str(row["sessions"]),
+            "-" if row["tier"] is None else str(row["tier"]),
+            _cell(", ".join(row["cooling"])[:200]),
+        )  # fmt: skip
+    for row in blocking.get("proxies", [])[:20]:
+        health = "-" if row["health"] is None else f"{row['health']:.0%} ok"
+        cooling = ", ".join(f"{site} {s}s" for site, s in sorted(row["cooling"].items()))
+        table.add_row(
+            _cell(f"proxy {row['proxy']}"), str(row["requests"]), str(row["blocked"]), health,
+            "", "", _cell(cooling[:200]),
+        )  # fmt: skip
+    return table
 
 
 def watch(reader: StatusReader, interval: float = 2.0, console: Console | None = None) -> int:

@@ -284,6 +284,8 @@ class NodeMonitor:
                 for key, value in stats.items()
                 if key.startswith("frontier/retry/reason/")
             },
+            # answers looked at and blocks of the sites blocking most (project/blocking)
+            "blocks": _site_blocks(stats),
             "in_flight": int(getattr(self._scheduler, "held_leases", 0)),
             "rss_bytes": self._memory[0],
             "children_rss_bytes": self._memory[1],
@@ -305,3 +307,24 @@ class NodeMonitor:
             except OSError:
                 journal = None
         return process_memory(), journal
+
+
+#: Sites a heartbeat tells the blocks of, those blocking most.
+_BLOCK_SITES = 20
+
+
+def _site_blocks(stats: dict[str, Any]) -> dict[str, list[int]]:
+    """site -> [answers looked at, blocks], from the block middleware's counters."""
+    sites: dict[str, list[int]] = {}
+    for key, value in stats.items():
+        if key.startswith("block_checks/"):
+            sites.setdefault(key.removeprefix("block_checks/"), [0, 0])[0] = int(value)
+        elif (
+            key.startswith("blocks/")
+            and key.count("/") >= 2
+            and not key.startswith("blocks/signal/")
+        ):
+            site = key.removeprefix("blocks/").rsplit("/", 1)[0]
+            sites.setdefault(site, [0, 0])[1] += int(value)
+    worst = sorted(sites, key=lambda site: -sites[site][1])[:_BLOCK_SITES]
+    return {site: sites[site] for site in worst}

@@ -8,6 +8,8 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from project.blocking.config import proxy_tiers
+from project.blocking.readers import proxy_table, session_sites
 from project.frontier import lua
 from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
@@ -419,6 +421,7 @@ def node_view(record: dict[str, Any], present: bool, in_flight: int, now: float)
         "retry_reasons": (
             {str(k): _int(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {}
         ),
+        "blocks": _blocks_of(record.get("blocks")),
         "in_flight": in_flight,
         "held_leases": _int(record.get("in_flight")),
         "rss_bytes": _int(record.get("rss_bytes")),
@@ -432,6 +435,43 @@ def node_view(record: dict[str, Any], present: bool, in_flight: int, now: float)
         "store_waiting": _int(record.get("store_waiting")),
         "store_behind": bool(record.get("store_behind")) and alive,
     }
+
+
+def _blocks_of(value: Any) -> dict[str, tuple[int, int]]:
+    """A heartbeat's ``blocks``: site -> (answers looked at, blocks); anything else: none."""
+    if not isinstance(value, dict):
+        return {}
+    found = {}
+    for site, pair in list(value.items())[:100]:
+        if isinstance(pair, list) and len(pair) == 2:
+            found[_text(str(site))[:300]] = (_int(pair[0]), _int(pair[1]))
+    return found
+
+
+def blocking_view(
+    nodes: Sequence[dict[str, Any]], sites: list[dict[str, Any]], proxies: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Per site: answers looked at and blocked (the nodes' heartbeats), the block rate, the
+    sessions alive and the tier in use (Redis); per proxy, its health and requests."""
+    rows: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        for site, (checked, blocked) in node.get("blocks", {}).items():
+            row = rows.setdefault(site, {"site": site, "responses": 0, "blocks": 0})
+            row["responses"] += checked
+            row["blocks"] += blocked
+    for fleet_row in sites:
+        row = rows.setdefault(
+            fleet_row["site"], {"site": fleet_row["site"], "responses": 0, "blocks": 0}
+        )
+        row.update(sessions=fleet_row["sessions"], tier=fleet_row["tier"],
+                   cooling=fleet_row["cooling"])  # fmt: skip
+    for row in rows.values():
+        row["block_rate"] = row["blocks"] / row["responses"] if row["responses"] else 0.0
+        row.setdefault("sessions", 0)
+        row.setdefault("tier", None)
+        row.setdefault("cooling", [])
+    shown = sorted(rows.values(), key=lambda r: (-r["blocks"], r["site"]))
+    return {"sites": [r for r in shown if r["blocks"] or r["sessions"]], "proxies": proxies}
 
 
 def drain_eta(samples: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
@@ -584,8 +624,10 @@ def fleet_status(
     eta_window: float = 60.0,
     sites: int = SITES_LISTED,
     previous_leases: Mapping[str, int] | None = None,
+    tiers: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Everything status, watch, the dashboard and /metrics show, in one dict.
+    """Everything status, watch, the dashboard and /metrics show, in one dict (*tiers*: proxy
+    id -> tier of PROXY_POOL, for the tier each site is in).
 
     The frontier snapshot (see :func:`frontier_snapshot` for *sites* and
     *previous_leases*), the nodes (alive, dead or finished), fleet totals and
@@ -642,6 +684,11 @@ def fleet_status(
     status["failures"] = failure_summary(
         [redact_dead_letter(decode_dead_letter(raw)) for raw in dead]
     )
+    status["blocking"] = blocking_view(
+        nodes,
+        session_sites(client, keys, server_ms, dict(tiers or {})),
+        proxy_table(client, keys, server_ms),
+    )
     reported = [n["journal_backlog"] for n in nodes if n["journal_backlog"] is not None]
     status["journal_backlog"] = sum(reported) if reported else None
     # Storage faults a node cannot fix by retrying: loud in status, not only in its log.
@@ -685,8 +732,10 @@ class StatusReader:
         mongo: MongoConfig | None = None,
         *,
         sites: int = SITES_LISTED,
+        tiers: Mapping[str, int] | None = None,
     ) -> None:
-        """*redis_at*: a Redis URL, or the fleet's :class:`RedisTarget` (a cluster, Sentinel)."""
+        """*redis_at*: a Redis URL, or the fleet's :class:`RedisTarget` (a cluster, Sentinel);
+        *tiers*: proxy id -> tier of PROXY_POOL."""
         target = RedisTarget(redis_at) if isinstance(redis_at, str) else redis_at
         self.keys = keys
         self.sites = sites
@@ -696,6 +745,7 @@ class StatusReader:
         self.mongo = mongo
         self._mongo: pymongo.MongoClient[dict[str, Any]] | None = None
         self._last_leases: tuple[float, dict[str, int]] | None = None
+        self.tiers = dict(tiers or {})
 
     @classmethod
     def from_settings(
@@ -708,12 +758,15 @@ class StatusReader:
             FrontierKeys.for_project_spider(settings, spider),
             MongoConfig.from_settings(settings, spider_name=spider),
             sites=sites,
+            tiers=proxy_tiers(settings),
         )
 
     def read(self) -> dict[str, Any]:
         """:func:`fleet_status` plus MongoDB counts (raises ``RedisError`` if Redis is away)."""
         before = self._last_leases[1] if self._last_leases else None
-        status = fleet_status(self.redis, self.keys, sites=self.sites, previous_leases=before)
+        status = fleet_status(
+            self.redis, self.keys, sites=self.sites, previous_leases=before, tiers=self.tiers
+        )
         self._achieved_rates(status.get("sites", []))
         if self.mongo is not None:
             status["outbox"] = outbox_status(

@@ -119,6 +119,8 @@
     sessions      {site, version, sessions JSON, pairs JSON, ...} of the sites asked for
                   whose sessions changed (step/sessions.lua)
     retired       sessions this step retired
+    probes        {"<site>\n<proxy>", ...}: the pairs on probation this node may try
+                  (step/sessions.lua)
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -154,7 +156,8 @@ if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
             'handed_out', 0, 'revisits_capped', 0, 'revisits_forgotten', 0, 'permits_fixed', 0,
             'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
             'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
-            'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0}
+            'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0,
+            'probes', {}}
 end
 local S = read_sections(opt.sections)
 local limits = opt.limits
@@ -171,7 +174,7 @@ local permits_fixed, permits_held = 0, {}
 if opt.permit_table then permits_fixed, permits_held = PermitsBack.reconcile(S.permit_table, opt.node) end
 Pause.run(S.pause, now, limits)
 Latency.run(S.latency)
-local session_views, sessions_retired = Sessions.run(S.session, now, opt.sessions)
+local session_views, sessions_retired, probes = Sessions.run(S.session, now, opt.sessions, opt.node)
 
 local reaped, promoted, poisoned = 0, 0, {}
 local handed_out = 0
@@ -230,4 +233,5 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'leased', got.leased, 'permits', got.permits, 'shares', got.shares,
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
-        'replayed', 0, 'sessions', session_views, 'retired', sessions_retired}
+        'replayed', 0, 'sessions', session_views, 'retired', sessions_retired,
+        'probes', probes}

@@ -96,6 +96,21 @@ function renderStatus(s) {
   }
   if (!rows.length) rows.push(row(["0", "no failures", "", ""]));
   failures.replaceChildren(...rows);
+
+  const b = s.blocking || {sites: [], proxies: []};
+  const blocking = b.sites.slice(0, 10).map((r) => row([
+    r.site, r.responses, r.blocks, (100 * r.block_rate).toFixed(0) + "%", r.sessions,
+    r.tier === null ? "-" : r.tier, r.cooling.join(", "),
+  ]));
+  for (const r of b.proxies.slice(0, 20)) {
+    blocking.push(row([
+      "proxy " + r.proxy, r.requests, r.blocked,
+      r.health === null ? "-" : (100 * r.health).toFixed(0) + "% ok", "", "",
+      Object.entries(r.cooling).map(([site, secs]) => `${site} ${secs}s`).join(", "),
+    ]));
+  }
+  if (!blocking.length) blocking.push(row(["no blocks", "", "", "", "", "", ""]));
+  $("blocking").tBodies[0].replaceChildren(...blocking);
 }
 
 function renderCharts() {

@@ -25,11 +25,17 @@
                   pair's cool-down (full jitter: the node draws it)
     id '' is a download without a session's cookies (a robots.txt): only its pair counts.
   Options used: sessions = {size, max_errors, max_uses, max_age_ms, ban_score, half_life_ms,
-                cool_base_ms, cool_max_ms, sites = {site = version the node knows, ...}}
+                cool_base_ms, cool_max_ms, sites = {site = version the node knows, ...},
+                probes = {"<site>\n<proxy>", ...}, probe_ms}: probes are the pairs on
+                probation (no page served yet, or blocked since) this node would try; one
+                node of the fleet at a time may (proxies:probe:<site>\n<proxy>, for
+                probe_ms or until the pair's next report), so a banned pair costs the
+                fleet one request, however many nodes it has
   Returns: {site, version, sessions, proxies, ...}: for each site of options.sessions.sites
            whose version is not the one the node knows, its sessions alive (JSON list of
-           {id, p, ua, u, e, c}) and its pairs (JSON {proxy = {untl, s, pv}}); and the
-           number of sessions this step retired
+           {id, p, ua, u, e, c}) and its pairs (JSON {proxy = {untl, s, pv}}); the
+           number of sessions this step retired; and the probes this node holds
+           ({"<site>\n<proxy>", ...})
 ]]
 local Sessions = {}
 
@@ -75,11 +81,15 @@ do
         end
         pair.s, pair.t = decayed(pair, now, o.half_life_ms), now
         local banned = false
+        redis.call('DEL', K.proxies .. ':probe:' .. site .. '\n' .. proxy)
         if blocked then
             pair.bl = pair.bl + 1
             pair.s = pair.s + 1
-            -- unproven, one block bans it; a pair that served pages, ban_score of them
-            if (pair.pv == 0 or pair.s >= o.ban_score) and (pair.untl or 0) <= now then
+            -- unproven, one block bans it; a pair that served pages, ban_score of them, and
+            -- it is on probation again meanwhile (pv 0: one node of the fleet tries it)
+            local was_proven = pair.pv == 1
+            pair.pv = 0
+            if (not was_proven or pair.s >= o.ban_score) and (pair.untl or 0) <= now then
                 pair.n = pair.n + 1
                 local ceiling = math.min(o.cool_max_ms, o.cool_base_ms * math.pow(2, pair.n))
                 pair.untl = now + math.floor(jitter * ceiling)
@@ -94,7 +104,22 @@ do
             pair.pv = 1
         end
         redis.call('HSET', K.proxies, field, cjson.encode(pair))
-        return banned, banned or proven or not raw
+        return banned, banned or proven or blocked or not raw
+    end
+
+    -- the probes of options.sessions.probes this node may make: one node at a time a pair
+    local function probes(o, node)
+        local held = {}
+        for _, pair in ipairs(o.probes or {}) do
+            local key = K.proxies .. ':probe:' .. pair
+            if redis.call('SET', key, node, 'NX', 'PX', o.probe_ms) then
+                held[#held + 1] = pair
+            elseif redis.call('GET', key) == node then
+                redis.call('PEXPIRE', key, o.probe_ms)
+                held[#held + 1] = pair
+            end
+        end
+        return held
     end
 
     -- the sessions of *site* through *proxy* retire with their pair's ban
@@ -113,8 +138,8 @@ do
         return s.e >= o.max_errors or s.u >= o.max_uses or now - s.b >= o.max_age_ms
     end
 
-    function Sessions.run(sec, now, o)
-        if not o then return {}, 0 end
+    function Sessions.run(sec, now, o, node)
+        if not o then return {}, 0, {} end
         local retired = 0
         for e = 0, sec.n - 1 do
             local i = sec.at + e * sec.width
@@ -192,6 +217,6 @@ do
                 reply[#reply + 1] = next(health) and cjson.encode(health) or '{}'
             end
         end
-        return reply, retired
+        return reply, retired, probes(o, node)
     end
 end
