@@ -41,6 +41,7 @@ from project.blocking.pool import Session, SessionPool, SessionRetired, pool_of
 from project.frontier.meta import (
     BLOCK_TRIES_META_KEY,
     LEASE_META_KEY,
+    SESSION_LEFT_META_KEY,
     SESSION_META_KEY,
 )
 from project.frontier.retry import RetryPolicy
@@ -60,8 +61,6 @@ logger = logging.getLogger(__name__)
 
 #: The meta keys of a redirect, dropped from the retry of a request redirected to a block.
 _REDIRECT_META = ("redirect_urls", "redirect_reasons", "redirect_times", "redirect_ttl")
-#: Set once a request's session download is counted as over (project/blocking/pool.py).
-_LEFT_META_KEY = "_fleet_session_left"
 #: A pair on probation busy: how long a request waits for it here, at most, before it goes
 #: back to Redis.
 _PROBATION_WAIT = 10.0
@@ -111,9 +110,9 @@ class BlockDetectionMiddleware:
         if (
             pool is not None
             and isinstance(session, Session)
-            and not request.meta.get(_LEFT_META_KEY)
+            and not request.meta.get(SESSION_LEFT_META_KEY)
         ):
-            request.meta[_LEFT_META_KEY] = True
+            request.meta[SESSION_LEFT_META_KEY] = True
             pool.left(session)
 
     async def process_request(self, request: Request) -> Request | None:
@@ -160,7 +159,7 @@ class BlockDetectionMiddleware:
             request.headers[b"User-Agent"] = agent
         if b"Cookie" not in request.headers:
             session.jar.add_cookie_header(request)
-        request.meta.pop(_LEFT_META_KEY, None)
+        request.meta.pop(SESSION_LEFT_META_KEY, None)
         pool.started(session)
         return None
 

@@ -18,6 +18,7 @@ __all__ = [
     "ROBOTS_LOCK_META_KEY",
     "ROBOTS_SITE_META_KEY",
     "SEED_META_KEY",
+    "SESSION_LEFT_META_KEY",
     "SESSION_META_KEY",
     "SESSION_OWNED_HEADERS",
     "SESSION_OWNED_META",
@@ -48,6 +49,8 @@ BLOCK_TRIES_META_KEY = "_fleet_block_tries"
 SESSION_META_KEY = "_fleet_session"
 #: What a session put on its request: none of it travels with a retry through Redis (the
 #: retry gets a session of its own; a proxy's credentials never reach Redis).
+#: Set once a request's session download is counted as over (project/blocking/pool.py).
+SESSION_LEFT_META_KEY = "_fleet_session_left"
 SESSION_OWNED_META = frozenset({"proxy", "_auth_proxy", "dont_merge_cookies"})
 SESSION_OWNED_HEADERS = frozenset({b"cookie", b"user-agent"})
 #: The fleet's fetch lock of a robots.txt request.
@@ -67,6 +70,6 @@ NODE_LOCAL_META_KEYS = frozenset(
         ROBOTS_LOCK_META_KEY,
         ROBOTS_SITE_META_KEY,
         SESSION_META_KEY,
-        "_fleet_session_left",
+        SESSION_LEFT_META_KEY,
     }
 )

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from project.blocking.config import proxy_tiers
-from project.blocking.readers import proxy_table, session_sites
+from project.blocking.readers import BlockingRecords, proxy_table, queue_reads, session_sites
 from project.frontier import lua
 from project.frontier.admin import dead_letters, decode_dead_letter
 from project.frontier.config import FrontierConfig
@@ -640,7 +640,8 @@ def fleet_status(
     pipe.zrange(keys.alive, 0, -1, withscores=True)
     _server_time(pipe, keys)
     pipe.lrange(keys.dead, 0, 199)
-    raw_nodes, expiries, (seconds, micros), dead = pipe.execute()
+    queue_reads(pipe, keys)
+    raw_nodes, expiries, (seconds, micros), dead, raw_pairs, raw_alive = pipe.execute()
     server_ms = int(seconds) * 1000 + int(micros) // 1000
     alive = {node.decode("utf-8", "replace") for node, until in expiries if until > server_ms}
     records: dict[str, dict[str, Any]] = {}
@@ -684,10 +685,11 @@ def fleet_status(
     status["failures"] = failure_summary(
         [redact_dead_letter(decode_dead_letter(raw)) for raw in dead]
     )
+    blocking = BlockingRecords.decode(raw_pairs, raw_alive)
     status["blocking"] = blocking_view(
         nodes,
-        session_sites(client, keys, server_ms, dict(tiers or {})),
-        proxy_table(client, keys, server_ms),
+        session_sites(blocking, server_ms, dict(tiers or {})),
+        proxy_table(blocking, server_ms),
     )
     reported = [n["journal_backlog"] for n in nodes if n["journal_backlog"] is not None]
     status["journal_backlog"] = sum(reported) if reported else None

@@ -29,7 +29,12 @@ def _now_ms(client: Any) -> int:
 
 def _proxies(args: argparse.Namespace) -> int:
     from project.blocking.config import proxy_tiers
-    from project.blocking.readers import proxy_table, reset_proxies, session_sites
+    from project.blocking.readers import (
+        proxy_table,
+        read_records,
+        reset_proxies,
+        session_sites,
+    )
     from project.monitoring.console import printable
 
     settings = project_settings(args)
@@ -47,8 +52,9 @@ def _proxies(args: argparse.Namespace) -> int:
             return 0
         now = _now_ms(client)
         tiers = proxy_tiers(settings)
-        table = proxy_table(client, keys, now)
-        sites = session_sites(client, keys, now, tiers)
+        records = read_records(client, keys)
+        table = proxy_table(records, now)
+        sites = session_sites(records, now, tiers)
     if args.json:
         print(json.dumps({"proxies": table, "sites": sites}, indent=2, sort_keys=True))
         return 0

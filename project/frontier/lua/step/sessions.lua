@@ -7,7 +7,8 @@
   Keys: sessions, proxies.
     sessions        "<site>\n<id>" -> {p = proxy, ua, u = uses, e = error score, b = born ms,
                     c = cookie jar}; sessions|<site>: the ids alive; sessions:v: site -> the
-                    version of its sessions (any change bumps it); sessions:retired:
+                    version of its sessions (any change bumps it); sessions:n: site -> its
+                    sessions alive (for status; none: absent); sessions:retired:
                     "<site>\n<id>" scored by when it retired (the newest 1000), and
                     sessions:retired:last: its last state
     proxies         "<proxy>\n<site>" -> {s = score, t = ms of s, n = bans, untl = ms its
@@ -45,8 +46,16 @@ do
     local function alive_key(site) return K.sessions .. '|' .. site end
     local function pairs_key(site) return K.proxies .. '|' .. site end
 
+    -- a change to the site's sessions or pairs: the nodes hear of it by the version, and
+    -- status reads the count alive from one hash
     local function bump(site)
         redis.call('HINCRBY', K.sessions .. ':v', site, 1)
+        local alive = redis.call('SCARD', alive_key(site))
+        if alive > 0 then
+            redis.call('HSET', K.sessions .. ':n', site, alive)
+        else
+            redis.call('HDEL', K.sessions .. ':n', site)
+        end
     end
 
     local function retire(site, id, now)
@@ -191,6 +200,7 @@ do
                 local raw = redis.call('HGET', K.sessions, site .. '\n' .. id)
                 if not raw then
                     redis.call('SREM', alive_key(site), id)
+                    bump(site)
                 elseif now - cjson.decode(raw).b >= o.max_age_ms then
                     retired = retired + retire(site, id, now)
                 end
