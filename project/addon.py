@@ -19,6 +19,7 @@ from scrapy.exceptions import NotConfigured
 from pipelines.mongo import MongoPipeline
 from pipelines.validation import ValidationConfig, ValidationPipeline
 from project.blocking.config import BlockConfig, SessionConfig
+from project.blocking.last_hop import SessionLastHopMiddleware
 from project.blocking.middleware import BlockDetectionMiddleware
 from project.config import FleetConfigError, exported_defaults
 from project.frontier.compat import check_settings
@@ -98,6 +99,9 @@ _DOWNLOADER_MIDDLEWARES = {
     # Last before the download handler (after HttpCache's 900): a node back from a stall
     # sends nothing before it knows it still holds a permit for it.
     PermitGateMiddleware: 950,
+    # After the gate: a session retired while its request waited is swapped for another;
+    # its cookie jar goes on last, and takes every answer's cookies before redirects do.
+    SessionLastHopMiddleware: 960,
 }
 
 # start_urls and start() seed the fleet once, not once per node; first after the engine.

@@ -149,6 +149,7 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
                                        b"seeds", 0, b"starting", 0]),
         ("wait_ms", None), ("now", 1_700_000_000_000), ("replayed", 0),
         ("sessions", [b"s", 3, b"[]", b"{}"]), ("retired", 1), ("probes", [b"s\nhttp://p:1"]),
+        ("sites_forgotten", 2),
     ]  # fmt: skip
     flat = [v for name, value in pairs for v in (name.encode(), value)]
     backwards = [v for name, value in reversed(pairs) for v in (name.encode(), value)]
@@ -161,3 +162,4 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
     assert first.sessions == [("s", 3, b"[]", b"{}")]
     assert first.retired == 1
     assert first.probes == [("s", "http://p:1")]
+    assert first.sites_forgotten == 2

@@ -16,7 +16,7 @@ import pymongo
 import pytest
 import redis
 
-from project.ops.install import ensure_ferretdb, ensure_redis_server
+from project.ops.install import FERRETDB_BUILD, ensure_ferretdb, ensure_redis_server
 from project.ops.services import (
     SERVICE_NAMES,
     ServiceError,
@@ -167,7 +167,7 @@ def test_the_embedded_mongodb_finds_and_updates_by_id_through_its_index(
     version = subprocess.run(
         [str(ensure_ferretdb()), "--version"], capture_output=True, text=True, check=True
     ).stdout
-    assert "version: v1.24.2-fleetcrawl.1" in version
+    assert f"version: {FERRETDB_BUILD}" in version
 
 
 def test_status_reports_running_and_stopped(cfg: ServicesConfig, spawned: list[int]) -> None:

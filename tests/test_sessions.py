@@ -15,6 +15,7 @@ from scrapy.settings import Settings
 from project.blocking.config import SessionConfig, parse_proxy_pool
 from project.blocking.pool import Session, SessionPool, SessionRetired
 from project.frontier.queue import LeasedQueue, StepBatch
+from tests.fleet import run_cli
 from tests.site.proxies import ProxyRig
 from tests.site.stats import open_at_once
 from tests.test_frontier_step import run
@@ -118,6 +119,28 @@ def test_a_pair_banned_on_probation_costs_the_fleet_one_request_and_cools_down_f
     run(redis_url, keys, scenario)
 
 
+def test_a_node_with_nothing_of_the_site_to_fetch_lets_its_probes_go(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    """The node that asked first holds the pairs on probation only while a request of the
+    site waits on it: idle, it lets them go, and the node whose request waits takes them (it
+    waited for a minute before: the seed page had gone to the node without the probes)."""
+    a, b = _pool(), _pool()
+
+    async def scenario(qa: LeasedQueue, qb: LeasedQueue) -> None:
+        a.pick("s")
+        await _step(qa, a)
+        b.pick("s")
+        await _step(qb, b)
+        assert b.pick("s").session is None, "a holds both probes"
+        a._views["s"].wanted -= 60  # a's requests of the site went, a minute ago
+        await _step(qa, a)
+        await _step(qb, b)
+        assert _picked(b).proxy in (P1, P2)
+
+    run(redis_url, keys, scenario)
+
+
 def test_every_proxy_cooling_means_waiting_for_the_first_to_come_back(
     redis_url: str, keys: FrontierKeys
 ) -> None:
@@ -194,7 +217,7 @@ def test_proxy_credentials_come_from_the_environment_and_are_masked() -> None:
     )
     proxy = tiers[0][0]
     assert proxy.url == "http://crawler:s3cr3t@127.0.0.1:9001"
-    assert proxy.id == "http://crawler:***@127.0.0.1:9001"
+    assert proxy.id == "http://127.0.0.1:9001"  # no user name either: often the account's
     assert tiers[0][1].url == ""
     with pytest.raises(NotConfigured, match=r"\$\{PROXY_SECRET\}") as caught:
         parse_proxy_pool(["http://crawler:${PROXY_SECRET}@127.0.0.1:9001"], {})
@@ -204,6 +227,8 @@ def test_proxy_credentials_come_from_the_environment_and_are_masked() -> None:
         [""],
         ["http://a:1"],
     ]
+    gateway = parse_proxy_pool(["http://u1:p@gw:7000", "http://u2:p@gw:7000"], {})[0]
+    assert [p.id for p in gateway] == ["http://gw:7000", "http://gw:7000#2"]
     for bad in (["ftp://a:1"], ["http://a:1", "http://a:1"], [[]], 5, "[nope"):
         with pytest.raises(NotConfigured):
             parse_proxy_pool(bad, {})
@@ -295,3 +320,65 @@ def test_two_nodes_through_proxies_store_each_product_once_and_bans_cost_little(
     assert sum(n.get("blocks/count", 0) for n in node) == sum(
         n for a in banned for n in stats["clients"].get(a, {}).values()
     )
+    _the_fleets_view_shows_the_bans(fleet, pool, shop.url("/"), banned=rig.urls[:2])
+
+
+def _the_fleets_view_shows_the_bans(
+    fleet: Fleet, pool: list[str], site_url: str, banned: list[str]
+) -> None:
+    """fleetcrawl proxies and status --json: each proxy's health and bans (the banned pairs
+    cooling down), the site's block rate, tier and sessions; reset ends the bans."""
+    env = {"REDIS_URL": fleet.redis_url}  # no password: a reader's proxy ids are masked
+    given = [*fleet.space.cli_args(), "-s", f"PROXY_POOL={json.dumps(pool)}"]
+    listed = run_cli("proxies", "--json", *given, env=env)
+    assert listed.returncode == 0, listed.stderr
+    view = json.loads(listed.stdout)
+    masked = [url.replace(f"crawler:{_SECRET}@", "") for url in banned]
+    by_proxy = {row["proxy"]: row for row in view["proxies"]}
+    for proxy in masked:
+        assert by_proxy[proxy]["bans"] >= 1, by_proxy
+        assert by_proxy[proxy]["health"] == 0.0, by_proxy[proxy]
+    healthy = [row for proxy, row in by_proxy.items() if proxy not in masked]
+    assert healthy
+    assert all(row["health"] == 1.0 and not row["cooling"] for row in healthy)
+    [site] = view["sites"]
+    assert site["site"] in site_url
+    assert site["tier"] == 0
+    assert site["sessions"] >= 1
+    assert 0 < site["block_rate"] < 0.5
+    assert _SECRET not in listed.stdout
+    assert "crawler" not in listed.stdout
+    status = run_cli("status", "--json", *given, env=env)
+    assert status.returncode == 0, status.stderr
+    [row] = json.loads(status.stdout)["blocking"]["sites"]
+    assert row["blocks"] >= 2
+    assert row["responses"] > row["blocks"]
+    assert row["sessions"] >= 1
+    assert set(row["cooling"]) <= set(masked)  # a cool-down may be over (full jitter)
+    assert {p["proxy"] for p in json.loads(status.stdout)["blocking"]["proxies"]} == set(by_proxy)
+    _the_dashboard_shows_the_bans(fleet, given, masked)
+    reset = run_cli("proxies", "reset", *given, env=env)
+    assert reset.returncode == 0, reset.stderr
+    assert f"reset {len(by_proxy)} (proxy, site) records" in reset.stdout
+    again = json.loads(run_cli("proxies", "--json", *given, env=env).stdout)
+    assert again["proxies"] == []
+    assert all(not s["cooling"] for s in again["sites"])
+
+
+def _the_dashboard_shows_the_bans(fleet: Fleet, given: list[str], masked: list[str]) -> None:
+    """The dashboard's table of blocks and proxies, drawn by Chromium: the site's row and a
+    row per proxy, the banned ones with no page served."""
+    from tests.benchmarks.dashboard_screenshot import chromium, dashboard_process
+
+    log = fleet.log_dir / "dashboard.log"
+    with dashboard_process(fleet.env(), log, args=given) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_function(
+            "document.querySelectorAll('#blocking tbody tr').length > 1", timeout=30_000
+        )
+        rows = [r.split("\t") for r in page.locator("#blocking tbody tr").all_inner_texts()]
+    assert rows[0][0].startswith("127.0.0.1"), rows
+    shown = {row[0].removeprefix("proxy "): row for row in rows[1:]}
+    for proxy in masked:
+        assert shown[proxy][3] == "0% ok", shown

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from cssselect import ExpressionError, SelectorError
+from parsel.csstranslator import HTMLTranslator
 from scrapy.exceptions import NotConfigured
 
 from project.config import read_settings, setting
@@ -27,6 +29,7 @@ __all__ = [
     "BlockConfig",
     "Proxy",
     "SessionConfig",
+    "css_selector_ok",
     "parse_proxy_pool",
     "proxy_tiers",
 ]
@@ -88,6 +91,13 @@ class BlockConfig:
                     re.compile(pattern)
                 except (re.error, TypeError) as exc:
                     raise NotConfigured(f"{name}: {pattern!r} is not a regex: {exc}") from exc
+        for name, selectors in (
+            ("BLOCK_MARKER_CSS", values["marker_css"]),
+            ("BLOCK_REQUIRED_CSS", list(values["required_css"].values())),
+        ):
+            for selector in selectors:
+                if not css_selector_ok(selector):
+                    raise NotConfigured(f"{name}: {selector!r} is not a CSS selector")
         if not 0.0 <= values["soft_ratio"] < 1.0:
             raise NotConfigured(f"BLOCK_SOFT_RATIO must be within [0, 1): {values['soft_ratio']}")
         if values["max_tries"] < 1:
@@ -95,10 +105,23 @@ class BlockConfig:
         return cls(**values)
 
 
+def css_selector_ok(selector: object) -> bool:
+    """Whether *selector* is a CSS selector parsel can use."""
+    if not isinstance(selector, str) or not selector.strip():
+        return False
+    try:
+        HTMLTranslator().css_to_xpath(selector)
+    except (SelectorError, ExpressionError, ValueError):
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Proxy:
     """One proxy of PROXY_POOL: its URL with credentials (never logged, never sent to
-    Redis) and its id, the URL with the password masked (``""``: no proxy)."""
+    Redis) and its id, ``scheme://host:port`` without any credentials (a provider's user
+    name is often the account's), ``#2``, ``#3``... after it for more proxies of the same
+    address (a gateway with one user name per session); ``""``: no proxy."""
 
     url: str
     id: str
@@ -138,6 +161,7 @@ def parse_proxy_pool(value: object, environ: dict[str, str]) -> list[list[Proxy]
     tiers = list(value) if nested else [list(value)]
     parsed: list[list[Proxy]] = []
     seen: set[str] = set()
+    addresses: collections.Counter[str] = collections.Counter()
     for n, tier in enumerate(tiers):
         proxies = []
         for entry in tier:
@@ -150,11 +174,13 @@ def parse_proxy_pool(value: object, environ: dict[str, str]) -> list[list[Proxy]
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise NotConfigured(f"PROXY_POOL: {mask_url(url)!r} is not an http(s) proxy URL")
-            proxy = Proxy(url, mask_url(url), n)
-            if proxy.id in seen:
-                raise NotConfigured(f"PROXY_POOL names {proxy.id} twice")
-            seen.add(proxy.id)
-            proxies.append(proxy)
+            if entry.strip() in seen:  # as written: readers see ${NAME}s, not their values
+                raise NotConfigured(f"PROXY_POOL names {mask_url(url)} twice")
+            seen.add(entry.strip())
+            address = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+            addresses[address] += 1
+            count = addresses[address]
+            proxies.append(Proxy(url, address if count == 1 else f"{address}#{count}", n))
         if not proxies:
             raise NotConfigured(f"PROXY_POOL: tier {n} is empty")
         parsed.append(proxies)
@@ -162,7 +188,7 @@ def parse_proxy_pool(value: object, environ: dict[str, str]) -> list[list[Proxy]
 
 
 class _Masked(collections.UserDict[str, str]):
-    """An environment where every variable is set: a proxy's id masks its password anyway."""
+    """An environment where every variable is set: a proxy's id has no credentials anyway."""
 
     def __missing__(self, key: str) -> str:
         return "***"

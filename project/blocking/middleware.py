@@ -17,7 +17,8 @@ try it as. Only the frontier's leases are looked at (robots.txt is not);
 With sessions (SESSION_ENABLED, or PROXY_POOL), each request of a site goes through one of
 the fleet's sessions (project/blocking/pool.py): its proxy (``meta["proxy"]``, which Scrapy's
 HttpProxyMiddleware turns into the proxy's credentials), its cookie jar (instead of Scrapy's
-CookiesMiddleware's jar: ``dont_merge_cookies``) and its user agent (SESSION_USER_AGENTS). A
+CookiesMiddleware's jar: ``dont_merge_cookies``; project/blocking/last_hop.py keeps it, and
+checks the session again after the permit gate) and its user agent (SESSION_USER_AGENTS). A
 request that names one (``meta["session"]``, a login flow) goes through that one; one whose
 session the fleet retired is a dead letter (``session retired``). When every proxy of the
 site is cooling down, a leased request goes back to Redis until the first cool-down ends
@@ -36,6 +37,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from project.blocking.config import BlockConfig
+from project.blocking.last_hop import dress, retry_copy
 from project.blocking.policy import BlockPolicy
 from project.blocking.pool import Session, SessionPool, SessionRetired, pool_of
 from project.frontier.meta import (
@@ -59,8 +61,6 @@ __all__ = ["BlockDetectionMiddleware", "BlockedRequest"]
 
 logger = logging.getLogger(__name__)
 
-#: The meta keys of a redirect, dropped from the retry of a request redirected to a block.
-_REDIRECT_META = ("redirect_urls", "redirect_reasons", "redirect_times", "redirect_ttl")
 #: A pair on probation busy: how long a request waits for it here, at most, before it goes
 #: back to Redis.
 _PROBATION_WAIT = 10.0
@@ -142,36 +142,24 @@ class BlockDetectionMiddleware:
             self.stats.inc_value("sessions/waited")
             if not leased:
                 return None  # robots.txt: without a proxy rather than not at all
-            copy = _retry_copy(request)
+            copy = retry_copy(request)
             self.retry.again(request, copy, max(1.0, pick.wait), "no proxy available")
             logger.info(
                 "No proxy of %s may take a request now (%s): %s waits %.0f s in Redis",
                 site, pool.why_waiting(site), mask_url(request.url), max(1.0, pick.wait),
             )  # fmt: skip
             return copy
-        session = pick.session
-        request.meta[SESSION_META_KEY] = session
-        request.meta["dont_merge_cookies"] = True
-        if pick.proxy is not None and pick.proxy.url:
-            request.meta["proxy"] = pick.proxy.url
-        agent = pool.user_agent(session)
-        if agent is not None:
-            request.headers[b"User-Agent"] = agent
-        if b"Cookie" not in request.headers:
-            session.jar.add_cookie_header(request)
-        request.meta.pop(SESSION_LEFT_META_KEY, None)
-        pool.started(session)
+        dress(request, pool, pick)  # its cookies go on at the last hop (960)
         return None
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         self._left(request)  # it may never have reached the downloader
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
+        self._left(request)  # an answer from the cache (900) never left the downloader
         pool, session = self.sessions, request.meta.get(SESSION_META_KEY)
         if pool is None or not isinstance(session, Session):
             pool = session = None
-        elif 200 <= response.status < 400:
-            session.jar.extract_cookies(response, request)
         if not request.meta.get(LEASE_META_KEY) or request.meta.get("dont_block_check"):
             if pool is not None and session is not None:
                 # a robots.txt tells nothing of the pages: it neither proves nor bans the pair
@@ -202,7 +190,7 @@ class BlockDetectionMiddleware:
         ):
             self.retry.give_up(request, error, "blocked", attempts=tries)
             raise BlockedRequest(f"{error} ({tries} tries)")
-        copy = _retry_copy(request)
+        copy = retry_copy(request)
         copy.meta[BLOCK_TRIES_META_KEY] = tries
         self.retry.again(request, copy, self.retry.backoff(tries - 1), error)
         logger.info(
@@ -217,16 +205,3 @@ def _tries(request: Request) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1000:
         return value
     return 0
-
-
-def _retry_copy(request: Request) -> Request:
-    """*request* again as it was leased: a request redirected to a block is tried again at
-    the URL it came from."""
-    redirects = request.meta.get("redirect_urls")
-    copy = request.copy()
-    if isinstance(redirects, list) and redirects and isinstance(redirects[0], str):
-        copy = copy.replace(url=redirects[0])
-        for key in _REDIRECT_META:
-            copy.meta.pop(key, None)
-    copy.dont_filter = True
-    return copy

@@ -8,6 +8,7 @@ asks them in turn.
 
 from __future__ import annotations
 
+import logging
 import re
 import statistics
 from collections import deque
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 from scrapy.http import TextResponse
 
-from project.blocking.config import BlockConfig
+from project.blocking.config import BlockConfig, css_selector_ok
 from project.frontier.retry import retry_after
 
 if TYPE_CHECKING:
@@ -28,11 +29,16 @@ if TYPE_CHECKING:
 
 __all__ = ["SIGNALS", "BlockPolicy"]
 
+logger = logging.getLogger(__name__)
+
 #: The signals of the default policy (a subclass may name more): ``status_<code>`` for each
 #: of BLOCK_STATUSES, and these.
 SIGNALS = ("challenge", "challenge_url", "soft_short", "soft_missing")
 #: Good pages of a site its running median of HTML lengths is taken over.
 _WINDOW = 101
+#: Kinds of page (of all sites) whose running medians a node keeps: a broad crawl's sites
+#: are strangers' to grow.
+_SHAPES = 10_000
 
 
 class BlockPolicy:
@@ -44,6 +50,7 @@ class BlockPolicy:
         self._markers = _any_of(config.markers, re.IGNORECASE)
         self._challenge_urls = _any_of(config.challenge_urls, re.IGNORECASE)
         self._lengths: dict[str, deque[int]] = {}
+        self._checked: dict[str, bool] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -115,15 +122,33 @@ class BlockPolicy:
 
     def required_css(self, site: str, spider: Spider) -> str | None:
         """The selector every good HTML page of *site* has: BLOCK_REQUIRED_CSS's entry of the
-        site (or ``"*"``), else the spider's ``block_required_css``."""
+        site (or ``"*"``), else the spider's ``block_required_css`` (one that is no selector
+        is left out, said once)."""
         given = self.config.required_css
-        selector = given.get(site) or given.get("*") or getattr(spider, "block_required_css", None)
+        selector = given.get(site) or given.get("*")
+        if selector is None:
+            selector = getattr(spider, "block_required_css", None)
+            if selector is not None and not self._spiders_selector_ok(selector):
+                return None
         return selector if isinstance(selector, str) and selector.strip() else None
 
+    def _spiders_selector_ok(self, selector: object) -> bool:
+        known = self._checked.get(selector) if isinstance(selector, str) else False
+        if known is None:
+            known = self._checked[selector] = css_selector_ok(selector)  # type: ignore[index]
+            if not known:
+                logger.error("block_required_css %r is not a CSS selector: left out", selector)
+        return bool(known)
+
     def passed(self, response: Response, site: str) -> None:
-        """*response* of *site* was no block: an HTML 2xx joins the site's running median."""
+        """*response* of *site* was no block: an HTML 2xx joins the site's running median
+        (the medians of the _SHAPES kinds of page seen last are kept)."""
         if 200 <= response.status < 300 and _is_html(response):
-            lengths = self._lengths.setdefault(_shape(site, response.url), deque(maxlen=_WINDOW))
+            shape = _shape(site, response.url)
+            lengths = self._lengths.pop(shape, None) or deque(maxlen=_WINDOW)
+            self._lengths[shape] = lengths  # the newest last
+            if len(self._lengths) > _SHAPES:
+                del self._lengths[next(iter(self._lengths))]
             lengths.append(len(response.body))
 
 

@@ -55,6 +55,10 @@ _BAN_CARRIED = 5.0
 _PROBE_MS = 30_000
 #: Probes asked for in one step, at most.
 _PROBES_ASKED = 50
+#: A node asks for the probes of a site while a request of it asked for a session within
+#: this many seconds, and lets the others go: a node with nothing to download must not hold
+#: a pair on probation that another node's request waits for.
+_PROBES_WANTED = 2.0
 
 
 class SessionRetired(Exception):
@@ -83,6 +87,7 @@ class _Pair:
     score: float = 0.0
     proven: bool = False
     banned_here: float = 0.0  # when this node banned it (monotonic), before the fleet knew
+    blocked_here: float = 0.0  # when this node last saw it blocked (monotonic)
 
 
 @dataclass
@@ -92,6 +97,7 @@ class _SiteView:
     pairs: dict[str, _Pair] = field(default_factory=dict)
     retired: set[str] = field(default_factory=set)
     asked: float = 0.0
+    wanted: float = 0.0  # a request of the site last asked for a session then (monotonic)
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,7 @@ class SessionPool:
         """A session for a request of *site* (*pinned*: that one, made if need be);
         ``SessionRetired`` for a pinned one the fleet retired."""
         view = self._view(site)
+        view.wanted = view.asked
         now_ms = self.clock() * 1000
         if pinned is not None:
             return self._pinned(view, site, pinned, now_ms)
@@ -188,11 +195,12 @@ class SessionPool:
             session.errors += 1
             health.score += 1
             was_proven, health.proven = health.proven, False  # on probation again
+            health.blocked_here = time.monotonic()
             self._probes.discard((session.site, session.proxy))
             if not was_proven or health.score >= self.config.ban_score:
                 # as the step will: every session through it retires with the ban
                 ceiling = min(self.config.cooldown_max, self.config.cooldown_base * 2)
-                health.until_ms = int(self.clock() * 1000 + jitter * ceiling * 1000)
+                health.until_ms = int(self.clock() * 1000 + (0.5 + jitter / 2) * ceiling * 1000)
                 health.score = 0
                 health.banned_here = time.monotonic()
                 for other in view.sessions.values():
@@ -210,6 +218,16 @@ class SessionPool:
             self._entries.append(("ok", session.site, session.id, session.proxy, data))
         if self._worn(session):
             view.retired.add(session.id)
+
+    def usable(self, session: Session) -> bool:
+        """Whether *session* may still carry a download: not retired, its pair not cooling."""
+        view = self._views.get(session.site)
+        if view is None:
+            return True
+        if session.id in view.retired:
+            return False
+        pair = view.pairs.get(session.proxy)
+        return pair is None or pair.until_ms <= self.clock() * 1000
 
     def user_agent(self, session: Session) -> str | None:
         agents = self.config.user_agents
@@ -233,13 +251,21 @@ class SessionPool:
         sites.update({entry[1]: -1 for entry in entries if entry[0] in ("new", "pin")})
         now_ms = self.clock() * 1000
         probes = []
+        wanting = time.monotonic() - _PROBES_WANTED
         for site in sites:
             view = self._views.get(site)
-            tier = self._tier(view, now_ms) if view is not None else None
-            for proxy in tier or []:
-                pair = view.pairs.get(proxy.id) if view is not None else None
+            if view is None or view.wanted < wanting:
+                continue  # no request of the site waits here: its probes are others' to take
+            for proxy in self._tier(view, now_ms) or []:
+                pair = view.pairs.get(proxy.id)
                 if pair is None or not pair.proven:
                     probes.append(f"{site}\n{proxy.id}")
+        asked = set(probes)
+        release = [
+            f"{site}\n{proxy}"
+            for site, proxy in self._probes
+            if f"{site}\n{proxy}" not in asked and self._inflight.get((proxy, site), 0) == 0
+        ]
         self.waiting = False
         return {
             "size": c.pool_size,
@@ -252,6 +278,7 @@ class SessionPool:
             "cool_max_ms": int(c.cooldown_max * 1000),
             "sites": sites,
             "probes": probes[:_PROBES_ASKED],
+            "release": release[:_PROBES_ASKED],
             "probe_ms": _PROBE_MS,
         }
 
@@ -279,9 +306,10 @@ class SessionPool:
                     view.retired.add(sid)
                     del view.sessions[sid]
             for sid, entry in fleet.items():
-                session = view.sessions.get(sid) or Session(
-                    sid, site, str(entry.get("p") or ""), int(entry.get("ua") or 0)
-                )
+                session = view.sessions.get(sid) or Session(sid, site, "")
+                # the fleet's proxy and user agent: a session one visitor, whichever node
+                # made it (a pin made on two nodes at once)
+                session.proxy, session.ua = str(entry.get("p") or ""), int(entry.get("ua") or 0)
                 view.sessions[sid] = session
                 session.confirmed = True
                 session.uses = max(session.uses, int(entry.get("u") or 0))
@@ -310,6 +338,10 @@ class SessionPool:
                     theirs is None or theirs.until_ms < mine.until_ms
                 ):
                     fresh[proxy] = mine  # its block goes with the next step
+                elif mine.blocked_here >= recent and theirs is not None:
+                    # a reply built before this node's block: the pair is on probation here
+                    theirs.proven = False
+                    theirs.blocked_here = mine.blocked_here
             view.pairs = fresh
             view.version = int(version)
 
@@ -373,10 +405,19 @@ class SessionPool:
         if pinned in view.retired:
             raise SessionRetired(pinned)
         session = view.sessions.get(pinned)
-        if session is None:
-            tier = self._tier(view, now_ms) or self.tiers[0]
-            return Pick(self._new(view, site, pinned, tier[0], "pin"), tier[0])
-        return Pick(session, self.proxies.get(session.proxy))
+        if session is not None:
+            return Pick(session, self.proxies.get(session.proxy))
+        # a new pinned session: on a pair that may carry a download, as any session
+        tier = self._tier(view, now_ms)
+        if tier is None:
+            soonest = min(pair.until_ms for pair in view.pairs.values())
+            return Pick(wait=max(0.0, (soonest - now_ms) / 1000))
+        usable = [p for p in tier if self._may_carry(view, p.id, site)]
+        if not usable:
+            self.waiting = True
+            return Pick(wait=0.05)
+        proxy = min(usable, key=lambda p: self._inflight.get((p.id, site), 0))
+        return Pick(self._new(view, site, pinned, proxy, "pin"), proxy)
 
     def _new(
         self, view: _SiteView, site: str, sid: str, proxy: Proxy, kind: str = "new"

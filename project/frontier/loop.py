@@ -59,13 +59,16 @@ _REVISITS_PER_MAINTENANCE = 500
 def _harmed_by_a_second_run(batch: StepBatch) -> bool:
     """Whether running *batch*'s step twice would do harm, so it carries a seq (one command
     more): entries queued whatever was seen, dead letters and retries written twice, permits
-    given back twice (the node would download past the cap until its next permit table).
-    A second run of the rest costs leases that expire and permits the table corrects."""
+    given back twice (the node would download past the cap until its next permit table),
+    downloads told of the fleet's sessions counted twice (a proven pair's one block would
+    read as two and ban it). A second run of the rest costs leases that expire and permits
+    the table corrects."""
     return bool(
         batch.dead
         or batch.retries
         or batch.give_back
         or any(fp[:1] == MODE_ALWAYS for fp, *_ in batch.enqueue)
+        or any(entry[0] in ("ok", "block") for entry in batch.sessions)
     )
 
 
@@ -471,6 +474,8 @@ class FrontierLoop:
             self.sessions.apply(result.sessions, result.retired, result.probes)
             if result.retired:
                 self._count("sessions/retired", result.retired)
+            if result.sites_forgotten:
+                self._count("sessions/sites_forgotten", result.sites_forgotten)
         wake = result.next_wake_ms
         self._next_wake = None if wake is None else time.monotonic() + wake / 1000
         count_step(self.stats, batch, result)

@@ -18,6 +18,7 @@ __all__ = [
     "ROBOTS_LOCK_META_KEY",
     "ROBOTS_SITE_META_KEY",
     "SEED_META_KEY",
+    "SESSION_COOKIE_META_KEY",
     "SESSION_LEFT_META_KEY",
     "SESSION_META_KEY",
     "SESSION_OWNED_HEADERS",
@@ -51,6 +52,9 @@ SESSION_META_KEY = "_fleet_session"
 #: retry gets a session of its own; a proxy's credentials never reach Redis).
 #: Set once a request's session download is counted as over (project/blocking/pool.py).
 SESSION_LEFT_META_KEY = "_fleet_session_left"
+#: The request's Cookie header is its session's (project/blocking/last_hop.py), not the
+#: spider's own.
+SESSION_COOKIE_META_KEY = "_fleet_session_cookie"
 SESSION_OWNED_META = frozenset({"proxy", "_auth_proxy", "dont_merge_cookies"})
 SESSION_OWNED_HEADERS = frozenset({b"cookie", b"user-agent"})
 #: The fleet's fetch lock of a robots.txt request.
@@ -71,5 +75,6 @@ NODE_LOCAL_META_KEYS = frozenset(
         ROBOTS_SITE_META_KEY,
         SESSION_META_KEY,
         SESSION_LEFT_META_KEY,
+        SESSION_COOKIE_META_KEY,
     }
 )

@@ -70,6 +70,7 @@ REPLY: Final = (
     "sessions",
     "retired",
     "probes",
+    "sites_forgotten",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -226,6 +227,8 @@ class StepResult:
     retired: int = 0
     #: (site, proxy) pairs on probation this node may try (lua/step/sessions.lua).
     probes: list[tuple[str, str]] = field(default_factory=list)
+    #: Sites whose sessions and pairs this step's maintenance forgot (idle long).
+    sites_forgotten: int = 0
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -434,4 +437,5 @@ def _decode_reply(raw: list[Any]) -> StepResult:
         probes=[
             (site, proxy) for site, _, proxy in (_text(p).partition("\n") for p in reply["probes"])
         ],
+        sites_forgotten=int(reply["sites_forgotten"]),
     )

@@ -31,11 +31,14 @@ logger = logging.getLogger(__name__)
 FERRETDB_VERSION: Final = "v1.24.2"
 #: The version the patched build reports (``ferretdb --version``): a binary built before the
 #: patch, or with an older one, is built again.
-FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.1"
+FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.4"
 
-#: fleetcrawl's patch of the SQLite backend (ferretdb/fleetcrawl_id.go says why): the file it
-#: adds, and the text it replaces, each of which must be found exactly once.
-_PATCH_FILE: Final = "internal/backends/sqlite/fleetcrawl_id.go"
+#: fleetcrawl's patch of the SQLite backend (ferretdb/fleetcrawl_id.go and fleetcrawl_wal.go say
+#: why): the files it adds, and the text it replaces, each of which must be found exactly once.
+_PATCH_FILES: Final = {
+    "fleetcrawl_id.go": "internal/backends/sqlite/fleetcrawl_id.go",
+    "fleetcrawl_wal.go": "internal/backends/sqlite/metadata/pool/fleetcrawl_wal.go",
+}
 _UPSTREAM_ID_WHERE: Final = """\
 	if params.Filter.Len() == 1 {
 		v, _ := params.Filter.Get("_id")
@@ -61,6 +64,14 @@ _PATCHES: Final = (
         "internal/backends/sqlite/collection.go",
         _UPSTREAM_ID_WHERE % "\t\t\tfilterPushdown = true\n",
         "\twhereClause, args, filterPushdown = fleetcrawlIDWhere(params.Filter)\n",
+    ),
+    (
+        "internal/backends/sqlite/metadata/pool/opendb.go",
+        "\treturn fsql.WrapDB(db, name, l), nil\n",
+        (
+            "\tif !memory {\n\t\tgo fleetcrawlCheckpoints(db, name, uri, l)\n\t}\n\n"
+            "\treturn fsql.WrapDB(db, name, l), nil\n"
+        ),
     ),
 )
 
@@ -175,8 +186,9 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 def _patch_ferretdb(source: Path) -> None:
     """Apply fleetcrawl's patch to the FerretDB source in *source* (a writable copy)."""
-    patch = files(__package__ or "project.ops").joinpath("ferretdb", "fleetcrawl_id.go")
-    (source / _PATCH_FILE).write_text(patch.read_text(encoding="utf-8"), encoding="utf-8")
+    for name, where in _PATCH_FILES.items():
+        patch = files(__package__ or "project.ops").joinpath("ferretdb", name)
+        (source / where).write_text(patch.read_text(encoding="utf-8"), encoding="utf-8")
     for name, old, new in _PATCHES:
         path = source / name
         text = path.read_text(encoding="utf-8")
@@ -196,7 +208,9 @@ def ensure_ferretdb() -> Path:
     is copied, that file is written, and ``go build`` runs on the copy, with
     fleetcrawl's patch (``ferretdb/fleetcrawl_id.go``): upstream's SQLite backend
     never uses its ``_id`` index, so each find or update by ``_id`` scans the
-    collection (25.7 ms at 10^4 documents) and storing slows as a catalogue grows.
+    collection (25.7 ms at 10^4 documents) and storing slows as a catalogue grows;
+    and ``ferretdb/fleetcrawl_wal.go``: a busy database's WAL never restarted, so it
+    grew without end and slowed every read.
     """
     cache = _cache_dir()
     binary = cache / "bin" / "ferretdb"

@@ -68,6 +68,8 @@ def severity(exc: PyMongoError) -> Severity:
         labels = ("RetryableWriteError", "TransientTransactionError", "ResumableChangeStreamError")
         if exc.code in _TRANSIENT_CODES or any(exc.has_error_label(label) for label in labels):
             return "transient"
+        if "SQLITE_BUSY" in str(exc):
+            return "transient"  # FerretDB's SQLite backend locked past its busy timeout
         concern = (exc.details or {}).get("writeConcernErrors") or []
         if concern and not {error.get("code") for error in concern} & _UNSATISFIABLE:
             return "transient"  # written, but not yet acknowledged as asked

@@ -72,14 +72,22 @@ class ProxyRig:
         assert process.stdout is not None
         urls: list[str] = []
         deadline = time.monotonic() + 20
+        # the pipe's bytes as they come (os.read): a buffered readline would take every line
+        # that arrived at once and leave select() waiting for the rest until the deadline
+        fd, pending = process.stdout.fileno(), b""
         while len(urls) < len(self.sources) and time.monotonic() < deadline:
-            ready, _, _ = select.select([process.stdout], [], [], 1.0)
+            ready, _, _ = select.select([fd], [], [], 1.0)
             if not ready:
                 continue
-            line = process.stdout.readline().decode("utf-8", "replace").split()
-            if len(line) != 3 or line[0] != "LISTENING":
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            urls.append(line[2])
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").split()
+                if len(line) != 3 or line[0] != "LISTENING":
+                    break
+                urls.append(line[2])
         if len(urls) < len(self.sources):
             errors = b""
             if self._stderr is not None:

@@ -121,6 +121,7 @@
     retired       sessions this step retired
     probes        {"<site>\n<proxy>", ...}: the pairs on probation this node may try
                   (step/sessions.lua)
+    sites_forgotten  sites whose sessions and pairs maintenance forgot (idle long)
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -157,7 +158,7 @@ if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
             'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
             'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
             'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0,
-            'probes', {}}
+            'probes', {}, 'sites_forgotten', 0}
 end
 local S = read_sections(opt.sections)
 local limits = opt.limits
@@ -178,8 +179,10 @@ local session_views, sessions_retired, probes = Sessions.run(S.session, now, opt
 
 local reaped, promoted, poisoned = 0, 0, {}
 local handed_out = 0
+local sites_forgotten = 0
 if opt.maintain then
     reaped, promoted, poisoned = Maintain.run(now, limits, opt.max_deliveries)
+    sites_forgotten = Sessions.forget(now, opt.sessions)
     if opt.revisit then handed_out = Revisit.hand_out(now, opt.revisit) end
 end
 local first, woke = Wake.run(now)
@@ -234,4 +237,4 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
         'replayed', 0, 'sessions', session_views, 'retired', sessions_retired,
-        'probes', probes}
+        'probes', probes, 'sites_forgotten', sites_forgotten}
