@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import stat
@@ -168,6 +169,40 @@ def test_the_embedded_mongodb_finds_and_updates_by_id_through_its_index(
         [str(ensure_ferretdb()), "--version"], capture_output=True, text=True, check=True
     ).stdout
     assert f"version: {FERRETDB_BUILD}" in version
+
+
+def test_the_embedded_mongodb_pages_by_id_in_mongodbs_order_through_an_index(
+    services: ServicesConfig, mongo_db: str
+) -> None:
+    """The patched build (project/ops/ferretdb/fleetcrawl_order.go): a keyset page, a range of
+    strings on ``_id`` sorted by ``_id``, is searched and sorted in an index of ``_id`` as
+    text, in MongoDB's order (UTF-8 bytes, whatever JSON escapes), with other fields filtered
+    and ids of other types left out."""
+    rng = random.Random(7)
+    ids = {
+        "k" + "".join(rng.choice('a&<>!"\\ é€z/?=') for _ in range(rng.randint(0, 6)))
+        for _ in range(600)
+    }
+    with pymongo.MongoClient(services.mongo_url, serverSelectionTimeoutMS=5000) as client:
+        items = client[mongo_db].items
+        items.insert_many([{"_id": key, "odd": n % 2} for n, key in enumerate(sorted(ids))])
+        items.insert_many([{"_id": 5, "odd": 1}, {"_id": {"k": 1}, "odd": 1}])
+        expected = sorted(ids, key=str.encode)
+        for query, size, want in (({}, 37, expected), ({"odd": 1}, 23, expected[1::2])):
+            got: list[str] = []
+            last = ""
+            while page := list(
+                items.find({"_id": {"$gt": last}, **query}).sort("_id", 1).limit(size)
+            ):
+                got += [doc["_id"] for doc in page]
+                last = got[-1]
+            assert got == sorted(want, key=str.encode)
+        newest = items.find({"_id": {"$lt": "\U0010ffff"}}).sort("_id", -1).limit(3)
+        assert [doc["_id"] for doc in newest] == expected[::-1][:3]
+        explained = client[mongo_db].command(
+            "explain", {"find": "items", "filter": {"_id": {"$gt": "k"}}, "sort": {"_id": 1}}
+        )
+    assert "USING INDEX" in " ".join(explained["queryPlanner"]["Plan"])
 
 
 def test_status_reports_running_and_stopped(cfg: ServicesConfig, spawned: list[int]) -> None:

@@ -31,12 +31,14 @@ logger = logging.getLogger(__name__)
 FERRETDB_VERSION: Final = "v1.24.2"
 #: The version the patched build reports (``ferretdb --version``): a binary built before the
 #: patch, or with an older one, is built again.
-FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.4"
+FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.5"
 
-#: fleetcrawl's patch of the SQLite backend (ferretdb/fleetcrawl_id.go and fleetcrawl_wal.go say
-#: why): the files it adds, and the text it replaces, each of which must be found exactly once.
+#: fleetcrawl's patch of FerretDB (each ferretdb/*.go says why): the files it adds, and the text it
+#: replaces, each found exactly once (or as many times as a fourth element says).
 _PATCH_FILES: Final = {
     "fleetcrawl_id.go": "internal/backends/sqlite/fleetcrawl_id.go",
+    "fleetcrawl_order.go": "internal/backends/sqlite/fleetcrawl_order.go",
+    "fleetcrawl_find.go": "internal/handler/fleetcrawl_find.go",
     "fleetcrawl_wal.go": "internal/backends/sqlite/metadata/pool/fleetcrawl_wal.go",
 }
 _UPSTREAM_ID_WHERE: Final = """\
@@ -58,12 +60,43 @@ _PATCHES: Final = (
     (
         "internal/backends/sqlite/collection.go",
         _UPSTREAM_ID_WHERE % "",
-        "\twhereClause, args, _ = fleetcrawlIDWhere(params.Filter)\n",
+        (
+            "\twhereClause, args, _ = fleetcrawlIDWhere(params.Filter)\n"
+            "\tfleetcrawlTextIndex(ctx, db, meta.TableName, whereClause)\n"
+        ),
     ),
     (
         "internal/backends/sqlite/collection.go",
         _UPSTREAM_ID_WHERE % "\t\t\tfilterPushdown = true\n",
         "\twhereClause, args, filterPushdown = fleetcrawlIDWhere(params.Filter)\n",
+    ),
+    (
+        "internal/backends/sqlite/query.go",
+        '\tv := must.NotFail(sort.Get("$natural"))\n',
+        (
+            '\tif sort.Has("_id") {\n\t\treturn fleetcrawlOrderByID(sort)\n\t}\n\n'
+            '\tv := must.NotFail(sort.Get("$natural"))\n'
+        ),
+    ),
+    (
+        "internal/backends/collection.go",
+        '\t\tsortValue := params.Sort.Map()["$natural"].(int64)\n',
+        (
+            '\t\tsortValue, _ := params.Sort.Map()["$natural"].(int64)\n'
+            '\t\tif byID, ok := params.Sort.Map()["_id"].(int64); ok {\n'
+            "\t\t\tsortValue = byID\n\t\t}\n"
+        ),
+        2,  # the contracts of Query and Explain
+    ),
+    (
+        "internal/handler/msg_find.go",
+        "\t// Limit pushdown is not applied if:\n",
+        "\tfleetcrawlPushdown(h, params, qp)\n\n\t// Limit pushdown is not applied if:\n",
+    ),
+    (
+        "internal/handler/msg_find.go",
+        "\titer, err := h.makeFindIter(queryRes.Iter, closer, params)\n",
+        "\titer, err := h.makeFindIter(queryRes.Iter, closer, fleetcrawlUnsorted(params, qp))\n",
     ),
     (
         "internal/backends/sqlite/metadata/pool/opendb.go",
@@ -189,13 +222,15 @@ def _patch_ferretdb(source: Path) -> None:
     for name, where in _PATCH_FILES.items():
         patch = files(__package__ or "project.ops").joinpath("ferretdb", name)
         (source / where).write_text(patch.read_text(encoding="utf-8"), encoding="utf-8")
-    for name, old, new in _PATCHES:
+    for name, old, new, *times in _PATCHES:
         path = source / name
         text = path.read_text(encoding="utf-8")
-        if text.count(old) != 1:
+        expected = times[0] if times else 1
+        if text.count(old) != expected:
             raise ServiceError(
                 f"cannot build ferretdb: {name} of {FERRETDB_VERSION} is not the text the patch"
-                f" expects ({text.count(old)} matches of {old.splitlines()[0].strip()!r})"
+                f" expects ({text.count(old)} matches of {old.splitlines()[0].strip()!r},"
+                f" not {expected})"
             )
         path.write_text(text.replace(old, new), encoding="utf-8")
 

@@ -4,7 +4,8 @@
 // on `_ferretdb_sjson->"_id"`: SQLite matches index expressions by their text, so every find,
 // update and delete by `_id` scanned the whole table. The patch spells the column as the index
 // does (metadata.IDColumn) and pushes down the `_id` part of any filter, equality or `$in` of
-// strings and ObjectIDs; the handler still applies the whole filter to what comes back.
+// strings and ObjectIDs, or a range of strings (fleetcrawl_order.go); the handler still applies
+// the whole filter to what comes back.
 
 package sqlite
 
@@ -38,7 +39,7 @@ func fleetcrawlIDWhere(filter *types.Document) (string, []any, bool) {
 	case *types.Document:
 		op := v.(*types.Document)
 		if op.Len() != 1 || !op.Has("$in") {
-			return "", nil, false
+			return fleetcrawlIDRange(op, whole)
 		}
 
 		values, ok := must.NotFail(op.Get("$in")).(*types.Array)
