@@ -22,6 +22,7 @@ from project.blocking.config import BlockConfig, SessionConfig
 from project.blocking.last_hop import SessionLastHopMiddleware
 from project.blocking.middleware import BlockDetectionMiddleware
 from project.config import FleetConfigError, exported_defaults
+from project.dataout.config import DataOutConfig
 from project.frontier.compat import check_settings
 from project.frontier.config import FLEET_RETRY_TIMES, FrontierConfig, RetryConfig
 from project.frontier.gate import PermitGateMiddleware
@@ -183,6 +184,7 @@ def _check(settings: BaseSettings) -> None:
     RenderingConfig.from_settings(settings)
     BlockConfig.from_settings(settings)
     SessionConfig.from_settings(settings)
+    DataOutConfig.from_settings(settings).parsed_feeds()
     runs = RunsConfig.from_settings(settings)
     if RevisitConfig.from_settings(settings).rules and not runs.enabled:
         # a page is revisited once per crawl run: without runs, pages linking each other

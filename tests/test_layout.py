@@ -539,7 +539,7 @@ def test_no_code_repeats_a_settings_default() -> None:
 
 #: The fleet's own prefixes, one per component (docs/settings.md, "Names").
 _PREFIXES = ("FRONTIER_", "MONGO_", "VALIDATION_", "RUNS_", "PLAYWRIGHT_", "MONITOR_", "DASHBOARD_",
-             "BLOCK_", "SESSION_", "PROXY_")  # fmt: skip
+             "BLOCK_", "SESSION_", "PROXY_", "EXPORT_", "FLEET_FEEDS")  # fmt: skip
 #: Names of Scrapy, scrapy-redis and scrapy-playwright the Configs read as they are.
 _LIBRARY_NAMES = re.compile(
     r"(REDIS_\w+|SCHEDULER_\w+|MAX_IDLE_TIME_BEFORE_CLOSE|DUPEFILTER_DEBUG|DOWNLOAD_SLOTS"
@@ -649,6 +649,6 @@ def test_project_package_is_one_folder_per_capability() -> None:
         p.name for p in Path(project.__file__).parent.iterdir() if not p.name.startswith("__")
     )
     assert top == [
-        "addon.py", "blocking", "config.py", "frontier", "items.py", "monitoring", "ops",
+        "addon.py", "blocking", "config.py", "dataout", "frontier", "items.py", "monitoring", "ops",
         "rendering", "runs", "schema.py", "settings.py", "storage", "templates", "utils.py",
     ]  # fmt: skip

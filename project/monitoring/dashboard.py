@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from scrapy.settings import BaseSettings
 
+    from project.dataout.api import DataApi
+
 __all__ = ["STATIC_DIR", "DashboardConfig", "host_allowed", "make_app", "serve"]
 
 logger = logging.getLogger(__name__)
@@ -148,20 +150,38 @@ def _host_check(bound: str, allowed: tuple[str, ...]) -> Any:
 # -- the web app -------------------------------------------------------------
 
 
-def _basic_auth(username: str, password: str) -> Any:
-    expected = (username.encode(), password.encode())
+def _auth(username: str | None, password: str | None, tokens: tuple[str, ...]) -> Any:
+    """Basic auth on every route (with a username and password), and read-only bearer tokens
+    (DASHBOARD_API_TOKENS) on the data API, ``/api/v1/``: with tokens set, the API needs one
+    (or the basic credentials) even where the dashboard is open."""
+    expected = (username.encode(), password.encode()) if username and password else None
+    keys = [token.encode() for token in tokens]
 
     @web.middleware
     async def check(request: web.Request, handler: _Handler) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
+        api = request.path.startswith("/api/v1/")
+        if keys and api and header[:7].lower() == "bearer ":
+            given = header[7:].strip().encode()
+            # every token compared: the time taken tells nothing of which is near
+            matched = sum(hmac.compare_digest(given, key) for key in keys)
+            if matched and request.method in ("GET", "HEAD"):
+                return await handler(request)
+            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Bearer realm="fleetcrawl"'})
+        if expected is None and not (keys and api):
+            return await handler(request)
         try:
-            given = BasicAuth.decode(header) if header else None
+            given_basic = BasicAuth.decode(header) if header else None
         except ValueError:
-            given = None
+            given_basic = None
         # compare_digest on both parts: timing tells nothing about either.
-        if given is not None and (
-            hmac.compare_digest(given.login.encode(), expected[0])
-            & hmac.compare_digest(given.password.encode(), expected[1])
+        if (
+            expected is not None
+            and given_basic is not None
+            and (
+                hmac.compare_digest(given_basic.login.encode(), expected[0])
+                & hmac.compare_digest(given_basic.password.encode(), expected[1])
+            )
         ):
             return await handler(request)
         raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Basic realm="fleetcrawl"'})
@@ -194,6 +214,14 @@ async def _redis_errors(request: web.Request, handler: _Handler) -> web.StreamRe
 
 async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
+
+
+async def _items_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "items.html")
+
+
+async def _changes_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "changes.html")
 
 
 async def _api_status(request: web.Request) -> web.Response:
@@ -240,14 +268,17 @@ def make_app(
     password: str | None = None,
     bound: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] = (),
+    data_api: DataApi | None = None,
+    api_tokens: tuple[str, ...] = (),
 ) -> web.Application:
-    """The dashboard app; with *username* and *password*, every route needs basic auth.
+    """The dashboard app; with *username* and *password*, every route needs basic auth;
+    *data_api*'s routes (``/api/v1``) also take the read-only *api_tokens*.
 
     Requests whose Host header :func:`host_allowed` refuses get 400, before anything else.
     """
     middlewares = [_host_check(bound, allowed_hosts)]
-    if username and password:
-        middlewares.append(_basic_auth(username, password))
+    if (username and password) or api_tokens:
+        middlewares.append(_auth(username, password, api_tokens))
     middlewares.append(_redis_errors)
     app = web.Application(middlewares=middlewares)
     app[_READER] = reader
@@ -258,12 +289,36 @@ def make_app(
     app.router.add_get("/api/history", _api_history)
     app.router.add_get("/api/dead-letters", _api_dead_letters)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/items", _items_page)
+    app.router.add_get("/changes", _changes_page)
+    if data_api is not None:
+        data_api.add_to(app)
     app.on_cleanup.append(_close_reader)
     return app
 
 
+def _data_api(settings: BaseSettings, spider: str, reader: StatusReader) -> DataApi | None:
+    """The data API on the spider's database (None, said once, when MONGO_* cannot work)."""
+    from project.dataout.api import DataApi
+    from project.dataout.clock import fleet_ms
+    from project.dataout.config import DataOutConfig
+    from project.storage.config import MongoConfig, StorageConfigError
+
+    try:
+        mongo = MongoConfig.from_settings(settings, spider_name=spider)
+    except StorageConfigError as exc:
+        logger.warning("No data API: %s", exc)
+        return None
+
+    async def now_ms() -> int:
+        return await asyncio.to_thread(fleet_ms, reader.redis)
+
+    return DataApi(mongo, DataOutConfig.from_settings(settings).settle_seconds, now_ms)
+
+
 def serve(settings: BaseSettings, spider: str, host: str, port: int) -> int:
-    """Run the dashboard until Ctrl-C (credentials from DASHBOARD_USERNAME/PASSWORD).
+    """Run the dashboard and the data API until Ctrl-C (credentials from
+    DASHBOARD_USERNAME/PASSWORD, read-only API tokens from DASHBOARD_API_TOKENS).
 
     Raises ``NotConfigured`` for bad settings, ``RedisError`` when Redis cannot
     be read at the start, and ``OSError`` when *host*:*port* cannot be listened on.
@@ -301,12 +356,17 @@ def serve(settings: BaseSettings, spider: str, host: str, port: int) -> int:
         host if family == socket.AF_INET else f"[{host.strip('[]')}]",
         port,
     )
+    tokens = tuple(
+        t.strip() for t in os.environ.get("DASHBOARD_API_TOKENS", "").split(",") if t.strip()
+    )
     app = make_app(
         reader,
         username=username,
         password=password,
         bound=host,
         allowed_hosts=config.allowed_hosts,
+        data_api=_data_api(settings, spider, reader),
+        api_tokens=tokens,
     )
     web.run_app(app, sock=sock, access_log=None, print=None)
     return 0

@@ -4,13 +4,15 @@ The node that ends a run (project/runs/tracker.py) counts what is stored (and wh
 nodes marked gone: only items whose page said so, project/frontier/revisit.py), writes the report into ``MONGO_RUNS_COLLECTION``
 (``crawl_runs``) and compares it with the spider's previous run. A threshold it fails
 (``RUNS_MAX_ITEM_DROP``, ``RUNS_MAX_COVERAGE_DROP``, ``RUNS_MAX_ERROR_RATE``) is an ERROR and,
-with ``RUNS_WEBHOOK_URL``, a JSON POST there.
+with ``RUNS_WEBHOOK_URL``, a JSON POST there. Then it writes the run's FLEET_FEEDS
+(project/dataout/feeds.py) and keeps what became of them in the report.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,8 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 from redis.exceptions import RedisError
 
 from project.config import read_settings, setting
+from project.dataout.config import DataOutConfig
+from project.dataout.feeds import write_feeds
 from project.runs.webhook import deliver
 from project.storage.config import MongoConfig
 from project.storage.records import report_record
@@ -38,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: Ids per update: FerretDB 1.24 hangs on an update that modifies 100 or more documents.
 _IDS_PER_UPDATE = 50
+#: A feed takes what was written until this far past the moment it is written: every item
+#: the run stored, none held back (no later read continues from a feed).
+_FEEDS_AHEAD_MS = 3_600_000
 _Document = dict[str, Any]
 
 
@@ -242,6 +249,17 @@ async def finish_run(
             await database[mongo.runs_collection].insert_one(report)
         except DuplicateKeyError:
             await database[mongo.runs_collection].replace_one({"_id": run_id}, report)
+        feeds = DataOutConfig.from_settings(settings).parsed_feeds()
+        if feeds:
+            report["feeds"] = await write_feeds(
+                database, feeds, spider=spider, run=run_id,
+                window=(int(started * 1000), int(ended * 1000)),
+                until_ms=int(time.time() * 1000) + _FEEDS_AHEAD_MS, collections=collections,
+                default_collection=mongo.products_collection,
+            )  # fmt: skip
+            await database[mongo.runs_collection].update_one(
+                {"_id": run_id}, {"$set": {"feeds": report["feeds"]}}
+            )
         for line in render_report(report, previous).splitlines():
             logger.info("%s", line)
         for alert in report["alerts"]:

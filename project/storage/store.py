@@ -867,6 +867,7 @@ class MongoStore:
             rejects_collection=self.config.rejects_collection,
             changes_collection=self.config.changes_collection,
             max_bson=int(hello.get("maxBsonObjectSize") or MAX_BSON_SIZE),
+            now=lambda: self._now(),
         )
         self._database = database
 

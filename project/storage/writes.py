@@ -9,11 +9,19 @@ wrote since (``mongo/stale``). Records of one ``_id`` with different content in 
 overwrite each other: for ids made from a URL (many items of one page, each with
 ``url=response.url``) that is a WARNING, once per type and collection, and
 ``mongo/<collection>/overwritten``.
+
+Every content write (an insert, a rewrite, a gone mark) and every change document is stamped
+``written_at``: the fleet's clock (Redis') when this attempt of the batch ran, not when the
+page was fetched, so what an export or a change feed has read up to a moment stays read
+whenever a batch that waited (in the outbox, in a journal) is written at last. A change
+document's ``_id`` begins with that time (milliseconds, 13 digits): the change feed pages
+through them in the order they were written.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +35,7 @@ from project.storage.errors import ItemRejectedError, severity
 from project.storage.records import collection_of, refused_reject
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from pymongo.asynchronous.collection import AsyncCollection
     from pymongo.asynchronous.database import AsyncDatabase
@@ -35,7 +43,7 @@ if TYPE_CHECKING:
 
     from project.storage.records import Record
 
-__all__ = ["BatchWriter", "Plan", "Stored", "field_changes", "plan"]
+__all__ = ["BatchWriter", "Plan", "Stored", "change_id", "field_changes", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +74,11 @@ class BatchWriter:
         rejects_collection: str,
         max_bson: int,
         changes_collection: str = "changes",
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._database = database
+        self._now = now
+        self._written = from_ms(0)
         self._stats = stats
         self._products = products_collection
         self._rejects = rejects_collection
@@ -77,6 +88,7 @@ class BatchWriter:
 
     async def write(self, records: Sequence[Record]) -> dict[int, Exception]:
         """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
+        self._written = from_ms(to_ms(self._now()))
         items: dict[str, _Group] = {}
         rejects: _Group = []
         touches: list[Record] = []
@@ -162,7 +174,8 @@ class BatchWriter:
         stored = await _stored(collection, list(groups))
         plans = {key: plan(key, group, stored.get(key)) for key, group in groups.items()}
         new = [p for p in plans.values() if p.insert]
-        inserts = [InsertOne(document(p.winner, p.first_ms, p.last_ms)) for p in new]
+        written = self._written
+        inserts = [InsertOne(document(p.winner, p.first_ms, p.last_ms, written)) for p in new]
         # Inserts are far cheaper than upserts (40x on FerretDB); one that lost a race with
         # another writer (duplicate _id) is planned again against what that writer stored.
         more, duplicates = await self._bulk(collection, inserts, [p.group for p in new])
@@ -172,7 +185,9 @@ class BatchWriter:
             now = await _stored(collection, raced)
             plans.update((key, plan(key, groups[key], now.get(key))) for key in raced)
         updates = [
-            (op, p) for p in plans.values() if not p.insert and (op := p.update()) is not None
+            (op, p)
+            for p in plans.values()
+            if not p.insert and (op := p.update(written)) is not None
         ]
         rewritten = [p for _, p in updates if p.writes_content]
         before = (
@@ -198,15 +213,16 @@ class BatchWriter:
     ) -> None:
         """One document per changed field of each rewritten item (``changes``)."""
         docs = []
+        written = self._written
         for planned in plans:
             winner = planned.winner
             at = from_ms(to_ms(winner["seen"]))
             for path, old, new in field_changes(before[planned.key], content(winner)):
                 docs.append({
-                    "_id": f"{planned.key}|{path}|{to_ms(winner['seen'])}|{name}",
+                    "_id": change_id(written, f"{planned.key}|{path}|{to_ms(winner['seen'])}|{name}"),
                     "item_id": planned.key, "collection": name, "field": path,
                     "old": bounded(old), "new": bounded(new), "at": at, "crawl_id": winner["crawl_id"],
-                    "spider": winner.get("spider", ""),
+                    "spider": winner.get("spider", ""), "written_at": written,
                 })  # fmt: skip
         if not docs:
             return
@@ -259,7 +275,9 @@ class BatchWriter:
             query = {"_id": {"$in": chunk}, "gone_at": {"$exists": False},
                      "last_seen": {"$lte": before}}  # fmt: skip
             try:
-                result = await collection.update_many(query, {"$set": {"gone_at": at}})
+                result = await collection.update_many(
+                    query, {"$set": {"gone_at": at, "written_at": self._written}}
+                )
                 marked = [doc["_id"] async for doc in collection.find(
                     {"_id": {"$in": chunk}, "gone_at": at}, {"_id": 1})]  # fmt: skip
             except OperationFailure as exc:
@@ -270,9 +288,10 @@ class BatchWriter:
                 break  # the change docs of the chunks marked before it still go
             marked_now += result.modified_count
             docs += [
-                {"_id": f"{key}|gone_at|{to_ms(record['seen'])}|{name}", "item_id": key,
-                 "collection": name, "field": "gone_at", "old": None, "new": at, "at": at,
-                 "crawl_id": record["crawl_id"], "spider": record.get("spider", "")}
+                {"_id": change_id(self._written, f"{key}|gone_at|{to_ms(record['seen'])}|{name}"),
+                 "item_id": key, "collection": name, "field": "gone_at", "old": None, "new": at,
+                 "at": at, "crawl_id": record["crawl_id"], "spider": record.get("spider", ""),
+                 "written_at": self._written}
                 for key in marked
             ]  # fmt: skip
         self._stats.inc_value("mongo/gone", marked_now)  # a replay marks none again
@@ -411,8 +430,9 @@ class Plan:
     last_ms: int
     stored_last_ms: int | None
 
-    def update(self) -> ReplaceOne[_Document] | UpdateOne | None:
-        """The write to a stored document, or None when nothing moves."""
+    def update(self, written: datetime) -> ReplaceOne[_Document] | UpdateOne | None:
+        """The write to a stored document (a content write stamped *written*), or None when
+        nothing moves."""
         if self.writes_content:
             # The content is replaced, so a field the item no longer has goes; only over
             # content seen before this record: a newer write by another node stays. Not an
@@ -420,7 +440,7 @@ class Plan:
             match: dict[str, Any] = {"_id": self.key}
             if self.stored_last_ms is not None:
                 match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
-            return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms))
+            return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms, written))
         if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
             return UpdateOne(
                 {"_id": self.key},
@@ -471,7 +491,7 @@ def content(record: Record) -> _Document:
 
 #: Fields of a stored document that are the store's, not the item's: never a "change".
 _BOOKKEEPING = frozenset({"_id", "content_hash", "crawl_id", "first_seen", "last_seen",
-                          "source_spider", "gone_at"})  # fmt: skip
+                          "source_spider", "gone_at", "written_at"})  # fmt: skip
 _MAX_CHANGE_DEPTH = 4
 
 
@@ -505,14 +525,24 @@ def field_changes(
     return found
 
 
-def document(record: Record, first_ms: int, last_ms: int) -> _Document:
-    """The whole document of an item record, as first inserted."""
-    return {
+def document(
+    record: Record, first_ms: int, last_ms: int, written: datetime | None = None
+) -> _Document:
+    """The whole document of an item record, as first inserted (stamped *written*)."""
+    doc = {
         "_id": record["id"],
         **content(record),
         "first_seen": from_ms(first_ms),
         "last_seen": from_ms(last_ms),
     }
+    doc["written_at"] = written if written is not None else from_ms(last_ms)
+    return doc
+
+
+def change_id(written: datetime, key: str) -> str:
+    """A change document's ``_id``: its write time in milliseconds, 13 digits, then *key*
+    (what the change is: item, field, fetch, collection)."""
+    return f"{stored_ms(written) or 0:013d}|{key}"
 
 
 async def _stored(collection: AsyncCollection[_Document], keys: list[str]) -> dict[str, Stored]:
