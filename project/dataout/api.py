@@ -260,7 +260,7 @@ class DataApi:
         docs: list[dict[str, Any]] = []
         last = None
         async for page, read_to in pages(
-            collection, query, after=cursor.after if cursor else None, size=limit
+            collection, query, after=cursor.after if cursor else None, size=limit, ahead=False
         ):
             docs, last = page, read_to
             break

@@ -15,8 +15,10 @@ write may take from its stamp to its commit, so no write stamped before it lands
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -131,8 +133,8 @@ class ItemQuery:
         query: dict[str, Any] = {"_id": {"$gt": after} if after is not None else {"$gte": ""}}
         if self.since_ms is not None:
             query["written_at"] = {"$gt": from_ms(self.since_ms), "$lte": until}
-        else:  # written before the stamp existed: part of every whole read
-            query["$or"] = [{"written_at": {"$lte": until}}, {"written_at": {"$exists": False}}]
+        else:  # a document written before the stamp existed is part of every whole read
+            query["written_at"] = {"$not": {"$gt": until}}
         if self.run_window is not None:
             start, end = self.run_window
             query["last_seen"] = {"$gte": from_ms(start), "$lte": from_ms(end)}
@@ -187,17 +189,36 @@ async def pages(
     *,
     after: str | None = None,
     size: int = MAX_PAGE,
+    ahead: bool = True,
 ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
-    """Pages of *query* after the ``_id`` *after*: (documents, the last ``_id`` read)."""
-    while True:
-        cursor = collection.find(query.filter(after), query.projection())
-        docs = await cursor.sort("_id", 1).limit(size).to_list(size)
-        if not docs:
-            return
-        after = str(docs[-1]["_id"])
-        yield [query.shape(doc) for doc in docs], after
-        if len(docs) < size:
-            return
+    """Pages of *query* after the ``_id`` *after*: (documents, the last ``_id`` read). With
+    *ahead*, the next page is asked for as soon as a page arrives (it needs only its last
+    ``_id``), so the server reads it while the caller writes this one."""
+
+    async def fetch(start: str | None) -> list[dict[str, Any]]:
+        cursor = collection.find(query.filter(start), query.projection())
+        found: list[dict[str, Any]] = await cursor.sort("_id", 1).limit(size).to_list(size)
+        return found
+
+    next_page: asyncio.Future[list[dict[str, Any]]] | None = None
+    try:
+        while True:
+            docs = await (next_page if next_page is not None else fetch(after))
+            next_page = None
+            if not docs:
+                return
+            after = str(docs[-1]["_id"])
+            full = len(docs) == size
+            if full and ahead:
+                next_page = asyncio.ensure_future(fetch(after))
+            yield [query.shape(doc) for doc in docs], after
+            if not full:
+                return
+    finally:
+        if next_page is not None and not next_page.done():
+            next_page.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await next_page
 
 
 def watermark_ms(now_ms: int, settle_seconds: float) -> int:
