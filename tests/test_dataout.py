@@ -4,6 +4,7 @@ two real two-node crawls of a shop that changes between them."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -77,6 +78,37 @@ def test_csv_flattens_nested_fields_into_dotted_columns() -> None:
     assert json.loads(array.start() + array.page(docs) + array.page([]) + array.end()) == docs
     empty = JsonArrayWriter()
     assert json.loads(empty.start() + empty.end()) == []
+
+
+@pytest.mark.crawl
+def test_read_only_api_tokens_open_the_api_and_nothing_else(fleet: Fleet) -> None:
+    """DASHBOARD_API_TOKENS: a bearer token reads /api/v1 (and only with GET); the dashboard
+    itself still takes its basic credentials; without any, the API is closed too."""
+    env = {**fleet.env(), "DASHBOARD_API_TOKENS": "t0ken-a, t0ken-b",
+           "DASHBOARD_USERNAME": "ops", "DASHBOARD_PASSWORD": "pw"}  # fmt: skip
+    with dashboard_process(
+        env, fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()
+    ) as base:
+        bearer = {"Authorization": "Bearer t0ken-b"}
+        assert _get(base + "api/v1/collections", bearer)[0] == 200
+        assert _get(base + "api/v1/openapi.json", {"Authorization": "Bearer t0ken-a"})[0] == 200
+        assert _get(base + "api/v1/collections", {"Authorization": "Bearer nope"})[0] == 401
+        assert _get(base + "api/v1/collections")[0] == 401
+        assert _get(base + "api/status", bearer)[0] == 401, "a token opens the data API only"
+        basic = {"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()}
+        assert _get(base + "api/v1/collections", basic)[0] == 200
+        assert _get(base + "api/status", basic)[0] == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _OPENER.open(
+                urllib.request.Request(base + "api/v1/collections", data=b"{}", headers=bearer),
+                timeout=10,
+            )
+        refused.value.close()
+        assert refused.value.code in (401, 405), "a token writes nothing"
+    open_env = {**fleet.env(), "DASHBOARD_API_TOKENS": "t0ken-a"}
+    with dashboard_process(open_env, fleet.log_dir / "d2.log", args=fleet.space.cli_args()) as base:
+        assert _get(base + "api/status")[0] == 200, "the dashboard stays open without credentials"
+        assert _get(base + "api/v1/collections")[0] == 401, "the API needs its token"
 
 
 @pytest.fixture
