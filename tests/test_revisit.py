@@ -641,6 +641,40 @@ def test_the_store_marks_gone_only_what_was_not_seen_since_and_records_each_once
     assert stats.get_value("mongo/gone_evidence") == 5
 
 
+def test_a_gone_mark_written_again_adds_no_change_and_an_item_back_is_a_write(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    """The same gone record written twice (its batch replayed) leaves one change: its _id
+    comes from the stamp the marking wrote. An item seen again after it was gone, its content
+    the same, is written: ``written_at`` moves (a since-read gets it) and a change says so."""
+    one = "http://shop.test/product/1"
+
+    async def run() -> None:
+        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
+            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
+        store = MongoStore.from_crawler(crawler)
+        await store.open()
+        await store.save_product(make_product(1), seen=1_000_000.0)
+        for _ in range(2):  # the same record, as a replay sends it
+            await store.gone([("products", one)], before=2_000_000.0, at=2_100_000.0)
+            await asyncio.sleep(0.05)
+        marked = mongo.products.find_one({"_id": one})
+        assert marked is not None
+        await asyncio.sleep(0.01)
+        await store.save_product(make_product(1), seen=3_000_000.0)  # back, unchanged
+        await store.close()
+        back = mongo.products.find_one({"_id": one})
+        assert back is not None
+        assert "gone_at" not in back
+        assert back["written_at"] > marked["written_at"]
+
+    asyncio.run(run())
+    changes = list(mongo.changes.find({"item_id": one}).sort("_id", 1))
+    assert [(c["field"], c["new"] is None) for c in changes] == [("gone_at", False),
+                                                                  ("gone_at", True)]  # fmt: skip
+    assert changes[1]["old"] is not None
+
+
 # -- change history --------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pymongo
 import pytest
 import redis
+from bson import ObjectId
 
 from project.ops.install import FERRETDB_BUILD, ensure_ferretdb, ensure_redis_server
 from project.ops.services import (
@@ -186,7 +187,10 @@ def test_the_embedded_mongodb_pages_by_id_in_mongodbs_order_through_an_index(
     with pymongo.MongoClient(services.mongo_url, serverSelectionTimeoutMS=5000) as client:
         items = client[mongo_db].items
         items.insert_many([{"_id": key, "odd": n % 2} for n, key in enumerate(sorted(ids))])
-        items.insert_many([{"_id": 5, "odd": 1}, {"_id": {"k": 1}, "odd": 1}])
+        # other types: ObjectIds (FerretDB stores them as hex text, which sorts first), a
+        # number, a document
+        others: list[dict[str, Any]] = [{"_id": ObjectId(), "odd": 1} for _ in range(40)]
+        items.insert_many([*others, {"_id": 5, "odd": 1}, {"_id": {"k": 1}, "odd": 1}])
         expected = sorted(ids, key=str.encode)
         for query, size, want in (({}, 37, expected), ({"odd": 1}, 23, expected[1::2])):
             got: list[str] = []

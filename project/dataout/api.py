@@ -197,21 +197,29 @@ class DataApi:
         quiet_since = time.monotonic()
         try:
             while True:
+                until = await self._watermark()
                 query = ChangeQuery(
-                    await self._watermark(), since, q.get("collection"), q.get("field"),
-                    q.get("item"),
-                )  # fmt: skip
-                async for docs, _ in pages(collection, query, after=after, size=MAX_PAGE):
-                    chunks = []
-                    for doc in docs:
-                        after = str(doc["_id"])
-                        token = Cursor(after, 0).encode()
-                        if sse:
-                            chunks.append(f"id: {token}\nevent: change\ndata: {dumps(doc)}\n\n")
-                        else:
-                            chunks.append(dumps({"cursor": token, "change": doc}) + "\n")
-                    await _write(response, "".join(chunks).encode("utf-8"))
-                    quiet_since = time.monotonic()
+                    until, since, q.get("collection"), q.get("field"), q.get("item")
+                )
+                try:
+                    async for docs, _ in pages(collection, query, after=after, size=MAX_PAGE):
+                        chunks = []
+                        for doc in docs:
+                            after = str(doc["_id"])
+                            token = Cursor(after, 0).encode()
+                            if sse:
+                                chunks.append(f"id: {token}\nevent: change\ndata: {dumps(doc)}\n\n")
+                            else:
+                                chunks.append(dumps({"cursor": token, "change": doc}) + "\n")
+                        await _write(response, "".join(chunks).encode("utf-8"))
+                        quiet_since = time.monotonic()
+                except PyMongoError as exc:  # MongoDB away a moment: the feed waits for it
+                    logger.info("change feed: MongoDB unavailable (%s), trying again", exc)
+                else:
+                    # every change up to the watermark is read: a filtered feed need not read
+                    # the others again ("}" sorts after the "|" that ends an _id's time)
+                    floor = f"{until:013d}}}"
+                    after = max(after, floor) if after is not None else floor
                 if time.monotonic() - quiet_since >= _KEEPALIVE:
                     await _write(response, b": keep-alive\n\n" if sse else b"\n")
                     quiet_since = time.monotonic()
@@ -269,7 +277,8 @@ class DataApi:
             if last is not None and len(docs) == limit
             else None
         )
-        token = make_token(query.until_ms)
+        # never behind the since it was asked with: a reader that keeps it reads nothing twice
+        token = make_token(max(query.until_ms, query.since_ms or 0))
         headers = {"X-Token": token}
         if following is not None:
             headers["X-Next-Cursor"] = following

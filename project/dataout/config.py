@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy.exceptions import NotConfigured
 
 from project.config import read_settings, setting
 from project.dataout.formats import FORMATS
 from project.dataout.query import BadParameterError, split_fields
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from typing import Self
@@ -63,9 +65,15 @@ class DataOutConfig:
         if not isinstance(raw, dict):
             raise NotConfigured("FLEET_FEEDS must map feed URIs to their options, as FEEDS does")
         feeds = []
-        for uri, options in raw.items():
-            if not isinstance(uri, str) or uri.split(":", 1)[0] not in _SCHEMES or ":" not in uri:
-                raise NotConfigured(f"FLEET_FEEDS: {str(uri)[:100]!r} is not a file: or s3: URI")
+        for given, options in raw.items():
+            uri = mask_url(str(given))[:200]  # in messages: never a password
+            if not isinstance(given, str) or given.split(":", 1)[0] not in _SCHEMES:
+                raise NotConfigured(f"FLEET_FEEDS: {uri!r} is not a file: or s3: URI")
+            if "@" in urlsplit(given).netloc:
+                raise NotConfigured(
+                    f"FLEET_FEEDS: {uri!r} has credentials: S3 takes them from the environment"
+                    " (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from a setting"
+                )
             options = options or {}
             if not isinstance(options, dict):
                 raise NotConfigured(f"FLEET_FEEDS[{uri!r}] must be a dict of options")
@@ -82,7 +90,7 @@ class DataOutConfig:
             collection = options.get("collection")
             if collection is not None and not isinstance(collection, str):
                 raise NotConfigured(f"FLEET_FEEDS[{uri!r}]: collection must be a name")
-            feeds.append(Feed(uri, fmt, collection, fields, omit))
+            feeds.append(Feed(given, fmt, collection, fields, omit))
         return feeds
 
 

@@ -3,7 +3,8 @@
 JSON: datetimes as ISO 8601 in UTC (``2026-12-06T05:14:17.123Z``), ObjectIds and other
 BSON values as their text, bytes as base64. CSV: nested documents flattened into dotted
 columns (``offers.price``, as Apify's ``flatten``), lists as JSON text, one header: the
-fields asked for, else the columns of the documents it is given (see :class:`CsvWriter`).
+fields asked for, else the columns of the documents it is given (see :class:`CsvWriter`); a
+text that a spreadsheet would run as a formula starts with ``'``.
 Parquet is not offered: its schema must be known before the first row, and a scraped
 collection's documents rarely share one; ``pyarrow.json.read_json`` turns a JSONL export
 into Parquet when needed.
@@ -54,6 +55,17 @@ def _plain(value: Any) -> Any:
 def dumps(doc: Any) -> str:
     """One document as JSON text."""
     return json.dumps(doc, default=_plain, ensure_ascii=False, separators=(",", ":"))
+
+
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet will not run: a formula's first character (a scraped value
+    may be ``=HYPERLINK(...)``) gets a ``'`` before it, as OWASP advises for CSV."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
 
 
 def flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -122,7 +134,10 @@ class CsvWriter:
         return b""
 
     def page(self, docs: Iterable[dict[str, Any]]) -> bytes:
-        rows = [flatten(doc) for doc in docs]
+        rows = [
+            {k: _cell(v) if isinstance(v, str) else v for k, v in flatten(doc).items()}
+            for doc in docs
+        ]
         out = io.StringIO()
         if not self._started:
             if not self.columns:

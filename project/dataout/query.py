@@ -50,8 +50,13 @@ MAX_PAGE = 1000
 #: Most fields one read may name, and the longest name.
 _MAX_FIELDS = 200
 _MAX_FIELD = 200
-_TOKEN = re.compile(r"w(\d{1,15})")
-_MAX_CURSOR = 4096
+#: Milliseconds of a token or a cursor: at most 13 digits (until the year 2286), the width
+#: of a change's _id prefix, so that they compare as numbers do.
+_TOKEN = re.compile(r"w(\d{1,13})")
+_MAX_MS = 10**13
+#: Longest cursor: an _id of a few thousand characters (ids are at most MAX_ID_LENGTH; a
+#: URL's query string is the limit of what a client sends anyway).
+_MAX_CURSOR = 16384
 
 
 class BadParameterError(ValueError):
@@ -81,8 +86,17 @@ def split_fields(text: str | None, what: str = "fields") -> tuple[str, ...]:
     if len(names) > _MAX_FIELDS:
         raise BadParameterError(f"{what}: at most {_MAX_FIELDS} fields, got {len(names)}")
     for name in names:
-        if len(name) > _MAX_FIELD or name.startswith("$") or ".." in name or "\x00" in name:
+        if (
+            len(name) > _MAX_FIELD
+            or name.startswith(("$", "."))
+            or name.endswith(".")
+            or ".." in name
+            or "\x00" in name
+        ):
             raise BadParameterError(f"{what}: {name[:40]!r} is not a field name")
+    for name in names:  # MongoDB refuses a path and a path inside it in one projection
+        if any(other.startswith(name + ".") for other in names):
+            raise BadParameterError(f"{what}: {name[:40]!r} and a field inside it")
     return names
 
 
@@ -94,7 +108,9 @@ class Cursor:
     until_ms: int
 
     def encode(self) -> str:
-        raw = json.dumps({"a": self.after, "w": self.until_ms}, separators=(",", ":"))
+        raw = json.dumps(
+            {"a": self.after, "w": self.until_ms}, separators=(",", ":"), ensure_ascii=False
+        )
         return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
     @classmethod
@@ -111,7 +127,7 @@ class Cursor:
             and isinstance(data.get("a"), str)
             and isinstance(data.get("w"), int)
             and not isinstance(data.get("w"), bool)
-            and 0 <= data["w"] < 10**15
+            and 0 <= data["w"] < _MAX_MS
         ):
             raise BadParameterError("cursor: not a cursor a page gave")
         return cls(data["a"], data["w"])

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 FERRETDB_VERSION: Final = "v1.24.2"
 #: The version the patched build reports (``ferretdb --version``): a binary built before the
 #: patch, or with an older one, is built again.
-FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.5"
+FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.6"
 
 #: fleetcrawl's patch of FerretDB (each ferretdb/*.go says why): the files it adds, and the text it
 #: replaces, each found exactly once (or as many times as a fourth element says).
@@ -69,6 +69,15 @@ _PATCHES: Final = (
         "internal/backends/sqlite/collection.go",
         _UPSTREAM_ID_WHERE % "\t\t\tfilterPushdown = true\n",
         "\twhereClause, args, filterPushdown = fleetcrawlIDWhere(params.Filter)\n",
+    ),
+    (
+        "internal/backends/sqlite/metadata/registry.go",
+        "\t\tUnique: true,\n\t}})\n\tif err != nil {\n",
+        (
+            "\t\tUnique: true,\n\t}})\n\tif err == nil {\n\t\t_, err = db.ExecContext(ctx, fmt.Sprintf("
+            "`CREATE INDEX IF NOT EXISTS %q ON %q (%s->>'$._id')`, tableName+\"_fleetcrawl_id_text\","
+            " tableName, DefaultColumn))\n\t}\n\tif err != nil {\n"
+        ),
     ),
     (
         "internal/backends/sqlite/query.go",

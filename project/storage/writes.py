@@ -35,7 +35,7 @@ from project.storage.errors import ItemRejectedError, severity
 from project.storage.records import collection_of, refused_reject
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
     from pymongo.asynchronous.collection import AsyncCollection
     from pymongo.asynchronous.database import AsyncDatabase
@@ -50,6 +50,10 @@ logger = logging.getLogger(__name__)
 # FerretDB 1.24 (SQLite) hangs for good on an update command that modifies 100 or more
 # existing documents, so a batch is sent as several bulk commands of at most this many ops.
 _MAX_OPS_PER_COMMAND = 50
+#: A batch that took longer than this from its stamp to its last write stamps what it wrote
+#: again when it is done: a read whose watermark (its start less EXPORT_SETTLE_SECONDS, 10 s
+#: by default) fell meanwhile may have passed it (project/dataout/query.py).
+_RESTAMP_AFTER = 5.0
 #: Most bytes of ``_id`` values in one lookup (a query must fit MongoDB's 16 MiB).
 _MAX_LOOKUP_BYTES = 1 << 20
 _DUPLICATE_KEY = 11000
@@ -89,6 +93,38 @@ class BatchWriter:
     async def write(self, records: Sequence[Record]) -> dict[int, Exception]:
         """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
         self._written = from_ms(to_ms(self._now()))
+        self._stamped: dict[str, set[str]] = {}
+        began = time.monotonic()
+        failures = await self._write(records)
+        if time.monotonic() - began > _RESTAMP_AFTER and self._stamped:
+            await self._restamp(time.monotonic() - began)
+        return failures
+
+    async def _restamp(self, took: float) -> None:
+        """Stamp again what a slow batch wrote (``written_at`` moved to now): a read that
+        began while it ran finds it with its next ``since``. Its change documents keep their
+        place: a change feed that read past them meanwhile does not get them (said here)."""
+        again = from_ms(to_ms(self._now()))
+        count = 0
+        for name, keys in self._stamped.items():
+            chunk = sorted(keys)
+            for start in range(0, len(chunk), _MAX_OPS_PER_COMMAND):
+                selected = {"_id": {"$in": chunk[start : start + _MAX_OPS_PER_COMMAND]}}
+                result = await self._database[name].update_many(
+                    selected, {"$max": {"written_at": again}}
+                )
+                count += result.modified_count
+        self._stats.inc_value("mongo/restamped", count)
+        logger.warning(
+            "A batch took %.1f s to write: %d items stamped again for exports; a change feed"
+            " reading meanwhile may have passed its changes",
+            took, count,
+        )  # fmt: skip
+
+    def _stamp(self, collection: str, keys: Iterable[str]) -> None:
+        self._stamped.setdefault(collection, set()).update(keys)
+
+    async def _write(self, records: Sequence[Record]) -> dict[int, Exception]:
         items: dict[str, _Group] = {}
         rejects: _Group = []
         touches: list[Record] = []
@@ -171,7 +207,7 @@ class BatchWriter:
                 refused[index] = reason
         if not groups:
             return refused
-        stored = await _stored(collection, list(groups))
+        stored, gone = await _stored(collection, list(groups))
         plans = {key: plan(key, group, stored.get(key)) for key, group in groups.items()}
         new = [p for p in plans.values() if p.insert]
         written = self._written
@@ -182,14 +218,16 @@ class BatchWriter:
         refused.update(more)
         if duplicates:
             raced = [new[i].key for i in duplicates]
-            now = await _stored(collection, raced)
+            now, now_gone = await _stored(collection, raced)
+            gone.update(now_gone)
             plans.update((key, plan(key, groups[key], now.get(key))) for key in raced)
         updates = [
             (op, p)
             for p in plans.values()
-            if not p.insert and (op := p.update(written)) is not None
+            if not p.insert and (op := p.update(written, p.key in gone)) is not None
         ]
         rewritten = [p for _, p in updates if p.writes_content]
+        back = [p for _, p in updates if not p.writes_content and p.key in gone]
         before = (
             {doc["_id"]: doc async for doc in _lookup(collection, [p.key for p in rewritten], None)}
             if rewritten
@@ -202,6 +240,11 @@ class BatchWriter:
         changed = [p for p in rewritten if p.key in before and p.group[0][0] not in refused]
         if changed:
             await self._record_changes(name, changed, before)
+        back = [p for p in back if p.group[0][0] not in refused]
+        if back:
+            await self._record_returns(name, back, gone)
+        self._stamp(name, (p.key for p in new if p.group[0][0] not in refused))
+        self._stamp(name, (p.key for p in changed + back))
         for planned in plans.values():
             if planned.group[0][0] not in refused:
                 counts.update(planned.counts)
@@ -217,7 +260,10 @@ class BatchWriter:
         for planned in plans:
             winner = planned.winner
             at = from_ms(to_ms(winner["seen"]))
-            for path, old, new in field_changes(before[planned.key], content(winner)):
+            found = field_changes(before[planned.key], content(winner))
+            if before[planned.key].get("gone_at") is not None:
+                found.append(("gone_at", before[planned.key]["gone_at"], None))
+            for path, old, new in found:
                 docs.append({
                     "_id": change_id(written, f"{planned.key}|{path}|{to_ms(winner['seen'])}|{name}"),
                     "item_id": planned.key, "collection": name, "field": path,
@@ -227,6 +273,25 @@ class BatchWriter:
         if not docs:
             return
         # a replayed batch finds its changes there already (duplicate _id): nothing to add
+        groups: list[_Group] = [[] for _ in docs]
+        await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
+        self._stats.inc_value("mongo/changes", len(docs))
+
+    async def _record_returns(self, name: str, plans: list[Plan], gone: dict[str, Any]) -> None:
+        """A change (``gone_at`` to none) for each item seen again after it was marked gone,
+        its content the same."""
+        written = self._written
+        docs = []
+        for planned in plans:
+            winner = planned.winner
+            seen = to_ms(winner["seen"])
+            docs.append({
+                "_id": change_id(written, f"{planned.key}|gone_at|{seen}|{name}"),
+                "item_id": planned.key, "collection": name, "field": "gone_at",
+                "old": gone[planned.key], "new": None, "at": from_ms(seen),
+                "crawl_id": winner["crawl_id"], "spider": winner.get("spider", ""),
+                "written_at": written,
+            })  # fmt: skip
         groups: list[_Group] = [[] for _ in docs]
         await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
         self._stats.inc_value("mongo/changes", len(docs))
@@ -278,8 +343,11 @@ class BatchWriter:
                 result = await collection.update_many(
                     query, {"$set": {"gone_at": at, "written_at": self._written}}
                 )
-                marked = [doc["_id"] async for doc in collection.find(
-                    {"_id": {"$in": chunk}, "gone_at": at}, {"_id": 1})]  # fmt: skip
+                # with the stamp the marking wrote: a replay names the same change (its _id
+                # from that stamp) and adds nothing
+                marked = [(doc["_id"], doc.get("written_at") or self._written)
+                          async for doc in collection.find(
+                              {"_id": {"$in": chunk}, "gone_at": at}, {"_id": 1, "written_at": 1})]  # fmt: skip
             except OperationFailure as exc:
                 if severity(exc) == "transient":
                     raise  # an outage: the batch goes to the journal and comes back
@@ -288,12 +356,13 @@ class BatchWriter:
                 break  # the change docs of the chunks marked before it still go
             marked_now += result.modified_count
             docs += [
-                {"_id": change_id(self._written, f"{key}|gone_at|{to_ms(record['seen'])}|{name}"),
+                {"_id": change_id(stamp, f"{key}|gone_at|{to_ms(record['seen'])}|{name}"),
                  "item_id": key, "collection": name, "field": "gone_at", "old": None, "new": at,
                  "at": at, "crawl_id": record["crawl_id"], "spider": record.get("spider", ""),
-                 "written_at": self._written}
-                for key in marked
+                 "written_at": stamp}
+                for key, stamp in marked
             ]  # fmt: skip
+            self._stamp(name, (key for key, stamp in marked if stamp == self._written))
         self._stats.inc_value("mongo/gone", marked_now)  # a replay marks none again
         if docs:
             groups: list[_Group] = [[] for _ in docs]
@@ -430,9 +499,11 @@ class Plan:
     last_ms: int
     stored_last_ms: int | None
 
-    def update(self, written: datetime) -> ReplaceOne[_Document] | UpdateOne | None:
-        """The write to a stored document (a content write stamped *written*), or None when
-        nothing moves."""
+    def update(
+        self, written: datetime, came_back: bool = False
+    ) -> ReplaceOne[_Document] | UpdateOne | None:
+        """The write to a stored document (a content write stamped *written*; so is an item
+        seen again after it was marked gone, *came_back*), or None when nothing moves."""
         if self.writes_content:
             # The content is replaced, so a field the item no longer has goes; only over
             # content seen before this record: a newer write by another node stays. Not an
@@ -441,6 +512,12 @@ class Plan:
             if self.stored_last_ms is not None:
                 match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
             return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms, written))
+        if came_back:
+            return UpdateOne(
+                {"_id": self.key},
+                {"$max": {"last_seen": from_ms(self.last_ms)}, "$unset": {"gone_at": ""},
+                 "$set": {"written_at": written}},
+            )  # fmt: skip
         if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
             return UpdateOne(
                 {"_id": self.key},
@@ -545,17 +622,23 @@ def change_id(written: datetime, key: str) -> str:
     return f"{stored_ms(written) or 0:013d}|{key}"
 
 
-async def _stored(collection: AsyncCollection[_Document], keys: list[str]) -> dict[str, Stored]:
-    """What a batch needs to know of the stored documents of *keys*."""
-    projection = {"content_hash": 1, "last_seen": 1, "first_seen": 1}
-    return {
-        doc["_id"]: (
+async def _stored(
+    collection: AsyncCollection[_Document], keys: list[str]
+) -> tuple[dict[str, Stored], dict[str, Any]]:
+    """What a batch needs to know of the stored documents of *keys*; and the ``gone_at`` of
+    those marked gone."""
+    projection = {"content_hash": 1, "last_seen": 1, "first_seen": 1, "gone_at": 1}
+    stored: dict[str, Stored] = {}
+    gone: dict[str, Any] = {}
+    async for doc in _lookup(collection, keys, projection):
+        stored[doc["_id"]] = (
             doc.get("content_hash"),
             stored_ms(doc.get("last_seen")),
             stored_ms(doc.get("first_seen")),
         )
-        async for doc in _lookup(collection, keys, projection)
-    }
+        if doc.get("gone_at") is not None:
+            gone[doc["_id"]] = doc["gone_at"]
+    return stored, gone
 
 
 async def _lookup(

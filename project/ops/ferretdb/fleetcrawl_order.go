@@ -8,7 +8,9 @@
 // the range is the whole filter) onto an index of `_id` as SQL text, made the first time a
 // table is paged this way: SQLite compares text as MongoDB compares strings (their UTF-8
 // bytes), so its order is the handler's. The `_id` index FerretDB keeps is on `_id` as JSON,
-// whose escapes (Go's `\u0026` for `&`) do not sort as the strings do.
+// whose escapes (Go's `\u0026` for `&`) do not sort as the strings do. The index is made with
+// each new collection (metadata/registry.go) and, for one made before the patch, the first
+// time it is paged.
 
 package sqlite
 
@@ -29,7 +31,8 @@ const fleetcrawlIDText = metadata.DefaultColumn + `->>'$._id'`
 // fleetcrawlIDRange returns the WHERE clause and arguments of op, `{$gt|$gte|$lt|$lte: string,
 // ...}` on `_id`, and whole; "" for any other op. Only strings match a range of strings.
 func fleetcrawlIDRange(op *types.Document, whole bool) (string, []any, bool) {
-	conds := []string{fmt.Sprintf(`json_type(%s, '$._id') = 'text'`, metadata.DefaultColumn)}
+	// the type FerretDB's schema records: an ObjectID is stored as hex text too
+	conds := []string{fmt.Sprintf(`%s->>'$."$s".p._id.t' = 'string'`, metadata.DefaultColumn)}
 	args := []any{}
 
 	for _, k := range op.Keys() {
