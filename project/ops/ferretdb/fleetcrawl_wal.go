@@ -4,8 +4,8 @@
 // keeps up to 100 connections per database and a busy store always has a read going, so the
 // automatic (PASSIVE) checkpoints copied every frame back but the WAL never restarted: it grew
 // without end (8.4 GB beside a 1.9 GB database while 10^6 items were stored). Each file
-// database gets a goroutine that, once its WAL file passes fleetcrawlWALBytes, tries a
-// TRUNCATE checkpoint every 250 ms until one finds the WAL without readers.
+// database gets a goroutine that, while its WAL file is over fleetcrawlWALBytes, tries a
+// TRUNCATE checkpoint four times a second until one finds the WAL without readers.
 
 package pool
 
@@ -19,48 +19,48 @@ import (
 	"time"
 )
 
-// fleetcrawlWALBytes is the WAL's size past which it is reset.
-const fleetcrawlWALBytes = 64 << 20
+// fleetcrawlWALBytes is the WAL's size past which a reset is forced.
+const fleetcrawlWALBytes = 1 << 30
 
-// fleetcrawlWALEvery is how often the WAL's size is looked at (a stat of its file), and how
-// often a reset is tried while it is over fleetcrawlWALBytes.
+// How often the WAL's size is looked at (a stat of its file), and how often a reset is tried
+// while it is over fleetcrawlWALBytes: each try holds writers back for at most
+// fleetcrawlWALWait. (A try that waits 50 ms every 5 s seldom finds the readers done; 100 ms
+// every 250 ms keeps the WAL short, and costs writers a share of their time: so only past
+// fleetcrawlWALBytes. Below it, SQLite restarts the WAL itself when a write finds no reader,
+// and journal_size_limit, set by project/ops/services.py, truncates it then.)
 const (
-	fleetcrawlWALEvery = time.Second
-	fleetcrawlWALRetry = 250 * time.Millisecond
+	fleetcrawlWALEvery = 250 * time.Millisecond
+	fleetcrawlWALWait  = "PRAGMA busy_timeout = 100"
 )
 
-// fleetcrawlWALWait is how long a reset waits for the WAL's readers (writers wait meanwhile).
-const fleetcrawlWALWait = "PRAGMA busy_timeout = 100"
-
-// fleetcrawlCheckpoints keeps the WAL of db, opened from uri, short until db is closed.
+// fleetcrawlCheckpoints keeps the WAL of db, opened from uri, under fleetcrawlWALBytes until
+// db is closed.
 func fleetcrawlCheckpoints(db *sql.DB, name, uri string, l *slog.Logger) {
 	file, err := url.PathUnescape(strings.TrimPrefix(strings.SplitN(uri, "?", 2)[0], "file:"))
 	if err != nil || file == "" {
 		return
 	}
 
-	for {
-		info, err := os.Stat(file + "-wal")
-		if err != nil || info.Size() < fleetcrawlWALBytes {
-			time.Sleep(fleetcrawlWALEvery)
+	for checks := 0; ; checks++ {
+		time.Sleep(fleetcrawlWALEvery)
 
+		if checks%4 == 0 {
 			if err := db.Ping(); err != nil && strings.Contains(err.Error(), "database is closed") {
 				return
 			}
+		}
 
+		info, err := os.Stat(file + "-wal")
+		if err != nil || info.Size() < fleetcrawlWALBytes {
 			continue
 		}
 
-		done, err := fleetcrawlTruncate(db)
+		if _, err := fleetcrawlTruncate(db); err != nil {
+			if strings.Contains(err.Error(), "database is closed") {
+				return
+			}
 
-		switch {
-		case err != nil && strings.Contains(err.Error(), "database is closed"):
-			return
-		case err != nil:
 			l.Warn("fleetcrawl: WAL checkpoint failed", slog.String("db", name), slog.String("error", err.Error()))
-			time.Sleep(fleetcrawlWALEvery)
-		case !done:
-			time.Sleep(fleetcrawlWALRetry)
 		}
 	}
 }
@@ -69,8 +69,8 @@ func fleetcrawlCheckpoints(db *sql.DB, name, uri string, l *slog.Logger) {
 // at most fleetcrawlWALWait for the WAL's readers: with the write lock held, readers that
 // begin meanwhile read the database file alone, so only those already reading are waited
 // for. (With the usual 10 s busy timeout a reset waited for ever-overlapping readers while
-// every writer waited for it, until writers failed with SQLITE_BUSY.) It reports whether
-// the WAL was emptied.
+// every writer waited for it, until writers failed with SQLITE_BUSY.) It reports whether the
+// WAL was emptied.
 func fleetcrawlTruncate(db *sql.DB) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
