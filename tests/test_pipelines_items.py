@@ -192,7 +192,7 @@ def catalogue(edition: int = 1) -> list[Any]:
 
 def _without_times(doc: dict[str, Any]) -> dict[str, Any]:
     """The item's own fields and its crawl (the spider that stored it is checked once, below)."""
-    skip = ("first_seen", "last_seen", "content_hash", "source_spider")
+    skip = ("first_seen", "last_seen", "written_at", "content_hash", "source_spider")
     return {k: v for k, v in doc.items() if k not in skip}
 
 
@@ -310,7 +310,7 @@ def test_products_keep_todays_collection_id_and_shape(
     assert set(doc) == {
         "_id", "canonical_url", "name", "price", "currency", "sku", "availability",
         "description", "breadcrumb", "image_urls", "url", "rendered", "content_hash",
-        "crawl_id", "first_seen", "last_seen", "source_spider",
+        "crawl_id", "first_seen", "last_seen", "written_at", "source_spider",
     }  # fmt: skip
     assert (doc["_id"], doc["price"], doc["currency"]) == (
         "http://shop.test/product/7",
