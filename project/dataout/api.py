@@ -46,6 +46,7 @@ from project.dataout.query import (
     window_of,
 )
 from project.storage.config import collection_name_error
+from project.storage.counts import count_of_async
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -135,7 +136,7 @@ class DataApi:
 
     async def collections(self, request: web.Request) -> web.StreamResponse:
         names = sorted(await self.database.list_collection_names())
-        counts = [await self.database[name].estimated_document_count() for name in names]
+        counts = [await count_of_async(self.database[name]) for name in names]
         return web.json_response(
             {"collections": [{"name": n, "count": c} for n, c in zip(names, counts, strict=True)]}
         )

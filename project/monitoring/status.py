@@ -365,8 +365,11 @@ def mongo_counts(
     client: pymongo.MongoClient[dict[str, Any]], config: MongoConfig, where: str = "MongoDB"
 ) -> dict[str, Any]:
     """Documents in the products, rejects and failures collections, and in the collections of
-    other item types (MONGO_COLLECTIONS; at most ``_ITEM_COLLECTIONS``), estimated: no scan."""
+    other item types (MONGO_COLLECTIONS; at most ``_ITEM_COLLECTIONS``), from the server's
+    metadata: no scan (project/storage/counts.py)."""
     from pymongo.errors import PyMongoError
+
+    from project.storage.counts import count_of
 
     db = client[config.database]
     collections = {
@@ -381,7 +384,7 @@ def mongo_counts(
             if name not in collections.values() and not name.startswith("system.")
         )
         collections |= {name: name for name in others[:_ITEM_COLLECTIONS]}
-        return {shown: db[name].estimated_document_count() for shown, name in collections.items()}
+        return {shown: count_of(db[name]) for shown, name in collections.items()}
     except PyMongoError as exc:
         return {"error": f"{where} unreachable: {type(exc).__name__}"}
 

@@ -67,6 +67,7 @@ async def _run(
     from project.dataout.export import export_items
     from project.dataout.query import BadParameterError, watermark_ms, window_of
     from project.storage.config import MongoConfig
+    from project.storage.counts import count_of_async
 
     fields, omit, since = given
     mongo = MongoConfig.from_settings(settings, spider_name=args.spider)
@@ -94,10 +95,10 @@ async def _run(
                 raise CommandError(str(exc)) from exc
         query = query_class(until, since, window, fields, omit)
         collection = database[args.collection]
-        total = await collection.estimated_document_count()
-        done = await export_items(
-            collection, query, args.format, out.write, progress=_progress(total)
-        )
+        progress = None
+        if sys.stderr.isatty():
+            progress = _progress(await count_of_async(collection))
+        done = await export_items(collection, query, args.format, out.write, progress=progress)
     finally:
         await client.close()
     if sys.stderr.isatty():
@@ -114,10 +115,8 @@ async def _run(
     return done.token
 
 
-def _progress(total: int) -> Callable[[int], None] | None:
+def _progress(total: int) -> Callable[[int], None]:
     """A progress line on a terminal (stderr), redrawn at most 4 times a second."""
-    if not sys.stderr.isatty():
-        return None
     started, shown = time.monotonic(), [0.0]
 
     def show(count: int) -> None:

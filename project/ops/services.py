@@ -478,8 +478,10 @@ def start_mongo(cfg: ServicesConfig) -> ServiceInfo:
         # journal_size_limit: a WAL that SQLite restarted is truncated to 64 MiB (it kept
         # its largest size before: gigabytes after a big crawl); fleetcrawl_wal.go forces a
         # restart once one passes 1 GiB
-        f"--sqlite-url=file:{quote(str(layout.data_dir))}/?_pragma=synchronous(normal)"
-        "&_pragma=journal_size_limit(67108864)",
+        (
+            f"--sqlite-url=file:{quote(str(layout.data_dir))}/?_pragma=synchronous(normal)"
+            "&_pragma=journal_size_limit(67108864)"
+        ),
         f"--state-dir={layout.directory}",
         "--telemetry=disable",
         "--log-level=error",  # at warn, every pymongo close() logs a 20-line endSessions dump
