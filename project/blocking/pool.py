@@ -131,7 +131,7 @@ class SessionPool:
         self._probes: set[tuple[str, str]] = set()
         #: A pick waited for a probe: the loop steps at its next tick.
         self.waiting = False
-        #: The draws of cool-downs (full jitter) and user agents.
+        #: The draws of cool-downs (equal jitter) and user agents.
         self.random = random.Random()  # noqa: S311 (jitter, not crypto)
         self.retired_seen = 0
 

@@ -25,6 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
+from tests.site.server import end_child
+
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -107,19 +109,8 @@ class ProxyRig:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        stderr, self._stderr = self._stderr, None
+        end_child(process, stderr)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from tests.site.config import ShopConfig
     from tests.site.stats import Timed
 
-__all__ = ["Fetched", "ShopResource", "ShopServer", "run"]
+__all__ = ["Fetched", "ShopResource", "ShopServer", "end_child", "run"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _PRODUCT_PATH = re.compile(r"/product/(\d+)")
@@ -420,6 +420,22 @@ class ShopResource(Resource):
         return json.dumps(payload).encode()
 
 
+def end_child(process: subprocess.Popen[bytes] | None, stderr: IO[bytes] | None) -> None:
+    """Terminate *process* (kill it if it does not exit in 10 s), close its pipe and *stderr*."""
+    if process is not None:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+    if stderr is not None:
+        stderr.close()
+
+
 def _finish(request: Request, body: bytes, stats: ShopStats) -> None:
     request.write(body)
     stats.body_bytes += _sent(request, body)
@@ -717,19 +733,8 @@ class ShopServer:
     def stop(self) -> None:
         """Terminate the subprocess (kill it if it does not exit)."""
         process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        stderr, self._stderr = self._stderr, None
+        end_child(process, stderr)
         self.base_url = ""
 
     def __enter__(self) -> Self:
