@@ -9,10 +9,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from scrapy import Request, Spider
 from scrapy.exceptions import NotConfigured
 from scrapy.settings import Settings
+from scrapy.statscollectors import StatsCollector
+from scrapy.utils.test import get_crawler
 
 from project.blocking.config import SessionConfig, parse_proxy_pool
+from project.blocking.last_hop import SessionLastHopMiddleware, dress
 from project.blocking.pool import Session, SessionPool, SessionRetired
 from project.frontier.queue import LeasedQueue, StepBatch
 from tests.fleet import run_cli
@@ -207,6 +211,42 @@ def test_a_pinned_session_is_kept_and_a_retired_one_refused(
         await _step(qa, a)
         with pytest.raises(SessionRetired):
             a.pick("s", pinned="login")
+
+    run(redis_url, keys, scenario)
+
+
+def test_the_spiders_request_cookies_go_into_its_sessions_jar(
+    redis_url: str, keys: FrontierKeys
+) -> None:
+    pool = _pool(PROXY_POOL=[None])
+    crawler = get_crawler(Spider, {"PROXY_POOL": [None]})
+    crawler.stats = StatsCollector(crawler)
+    last_hop = SessionLastHopMiddleware(crawler, pool)
+
+    async def scenario(queue: LeasedQueue, _: LeasedQueue) -> None:
+        pool.pick("127.0.0.1:8000")
+        await _step(queue, pool)
+        pick = pool.pick("127.0.0.1:8000")
+        assert pick.session is not None, pick
+        with_cookies = Request("http://127.0.0.1:8000/account", cookies={"lang": "de", "cart": "7"})
+        session = dress(with_cookies, pool, pick)
+        assert last_hop.process_request(with_cookies) is None
+        assert with_cookies.headers[b"Cookie"] in (b"cart=7; lang=de", b"lang=de; cart=7")
+        # the session keeps them: a later request of the site, without cookies of its own
+        later = Request("http://127.0.0.1:8000/basket")
+        dress(later, pool, pick)
+        assert last_hop.process_request(later) is None
+        assert b"lang=de" in later.headers[b"Cookie"]
+        assert {c.name for c in session.jar} == {"lang", "cart"}
+        # cookies Scrapy cannot read cost only themselves: counted, the request goes with
+        # the session's
+        for odd_cookies in ([{"value": "no name"}], {"a": {"nested": 1}}, [["x"]]):
+            odd = Request("http://127.0.0.1:8000/odd", cookies=odd_cookies)  # type: ignore[arg-type]
+            dress(odd, pool, pick)
+            assert last_hop.process_request(odd) is None
+            assert b"lang=de" in odd.headers[b"Cookie"]
+        assert crawler.stats.get_value("sessions/cookies_refused") == 2
+        assert {c.name for c in session.jar} == {"lang", "cart"}
 
     run(redis_url, keys, scenario)
 

@@ -11,7 +11,9 @@ It also keeps the session's cookie jar: the jar's cookies go on each request as 
 redirects included (a redirect's copy would carry the Cookie header of the page before), and
 every answer's ``Set-Cookie`` goes into the jar here, before RedirectMiddleware (600) turns
 a 302 into the next request: the cookie a login POST sets on its redirect is kept. A Cookie
-header the spider set itself is left as it is.
+header the spider set itself is left as it is; cookies it gave as ``Request(cookies=...)`` go
+into the session's jar as Scrapy's CookiesMiddleware would put them into its own, so the
+session sends them from then on, on every node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.downloadermiddlewares.httpproxy import HttpProxyMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
@@ -93,6 +96,8 @@ class SessionLastHopMiddleware:
             self.proxies: HttpProxyMiddleware | None = HttpProxyMiddleware.from_crawler(crawler)
         except NotConfigured:
             self.proxies = None
+        #: Scrapy's reading of ``Request.cookies`` (a dict or a list of dicts) into a jar
+        self._cookies = CookiesMiddleware()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -111,6 +116,8 @@ class SessionLastHopMiddleware:
                 return replaced
             session = request.meta[SESSION_META_KEY]
         if request.meta.get(SESSION_COOKIE_META_KEY) or b"Cookie" not in request.headers:
+            if request.cookies and not request.meta.get(SESSION_COOKIE_META_KEY):
+                self._take_cookies(request, session)
             request.headers.pop(b"Cookie", None)
             session.jar.add_cookie_header(request)
             request.meta[SESSION_COOKIE_META_KEY] = True
@@ -121,6 +128,20 @@ class SessionLastHopMiddleware:
         if isinstance(session, Session) and 200 <= response.status < 400:
             session.jar.extract_cookies(response, request)
         return response
+
+    def _take_cookies(self, request: Request, session: Session) -> None:
+        """The spider's ``Request(cookies=...)`` into *session*'s jar, once per request."""
+        try:
+            cookies = self._cookies._get_request_cookies(session.jar, request)
+            self._cookies._process_cookies(cookies, jar=session.jar, request=request)
+        except (
+            AssertionError,
+            AttributeError,
+            TypeError,
+            ValueError,
+        ) as exc:  # Scrapy refuses them
+            self.stats.inc_value("sessions/cookies_refused")
+            logger.warning("cookies of %s not used: %s", mask_url(request.url), exc)
 
     def _another(self, request: Request, old: Session) -> Request | None:
         """*old* retired or its pair cooling since it was picked: another session of the
