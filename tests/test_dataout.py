@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import Settings
 
+from project.dataout.config import DataOutConfig
 from project.dataout.formats import CsvWriter, JsonArrayWriter
 from project.dataout.query import BadParameterError, Cursor, read_token, split_fields
 from project.ops.services import free_port
@@ -54,6 +57,27 @@ def test_tokens_and_cursors_refuse_what_no_read_gave() -> None:
     for bad in ("$where", "a..b", "a.", ".a", "a,a.b", "x" * 300, ",".join(["f"] * 300)):
         with pytest.raises(BadParameterError):
             split_fields(bad)
+
+
+def test_fleet_feeds_that_cannot_be_written_stop_the_node_with_their_reason() -> None:
+    def feeds(value: Any) -> list[Any]:
+        return DataOutConfig.from_settings(Settings({"FLEET_FEEDS": value})).parsed_feeds()
+
+    assert [f.uri for f in feeds({"file:///tmp/x/%(run)s.jsonl": {}})] == [
+        "file:///tmp/x/%(run)s.jsonl"
+    ]
+    for bad, reason in (
+        ("s3", "not a file: or s3: URI"),
+        ("file", "not a file: or s3: URI"),
+        ("http://example.invalid/x.jsonl", "not a file: or s3: URI"),
+        ("s3://[bucket/key.jsonl", "not a URI"),
+        ("s3://key:secret@bucket/x.jsonl", "has credentials"),
+    ):
+        with pytest.raises(NotConfigured, match=reason.replace(":", r"\:")) as raised:
+            feeds({bad: {}})
+        assert "secret" not in str(raised.value)
+    with pytest.raises(NotConfigured, match="FLEET_FEEDS"):
+        feeds("{nope")
 
 
 def test_csv_flattens_nested_fields_into_dotted_columns() -> None:

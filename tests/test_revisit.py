@@ -646,7 +646,8 @@ def test_a_gone_mark_written_again_adds_no_change_and_an_item_back_is_a_write(
 ) -> None:
     """The same gone record written twice (its batch replayed) leaves one change: its _id
     comes from the stamp the marking wrote. An item seen again after it was gone, its content
-    the same, is written: ``written_at`` moves (a since-read gets it) and a change says so."""
+    the same, is written: ``written_at`` moves (a since-read gets it) and a change says so;
+    the sighting the mark outdated, written again, brings nothing back."""
     one = "http://shop.test/product/1"
 
     async def run() -> None:
@@ -660,6 +661,12 @@ def test_a_gone_mark_written_again_adds_no_change_and_an_item_back_is_a_write(
             await asyncio.sleep(0.05)
         marked = mongo.products.find_one({"_id": one})
         assert marked is not None
+        # the sighting the mark outdated, written again (its batch replayed): still gone
+        await store.save_product(make_product(1), seen=1_000_000.0)
+        still = mongo.products.find_one({"_id": one})
+        assert still is not None
+        assert still.get("gone_at") == marked["gone_at"]
+        assert still["written_at"] == marked["written_at"]
         await asyncio.sleep(0.01)
         await store.save_product(make_product(1), seen=3_000_000.0)  # back, unchanged
         await store.close()

@@ -219,7 +219,7 @@ class DataApi:
                 else:
                     # every change up to the watermark is read: a filtered feed need not read
                     # the others again ("}" sorts after the "|" that ends an _id's time)
-                    floor = f"{until:013d}}}"
+                    floor = f"{max(until, since or 0):013d}}}"
                     after = max(after, floor) if after is not None else floor
                 if time.monotonic() - quiet_since >= _KEEPALIVE:
                     await _write(response, b": keep-alive\n\n" if sse else b"\n")

@@ -67,9 +67,17 @@ class DataOutConfig:
         feeds = []
         for given, options in raw.items():
             uri = mask_url(str(given))[:200]  # in messages: never a password
-            if not isinstance(given, str) or given.split(":", 1)[0] not in _SCHEMES:
+            if (
+                not isinstance(given, str)
+                or ":" not in given
+                or given.split(":", 1)[0] not in _SCHEMES
+            ):
                 raise NotConfigured(f"FLEET_FEEDS: {uri!r} is not a file: or s3: URI")
-            if "@" in urlsplit(given).netloc:
+            try:
+                netloc = urlsplit(given).netloc
+            except ValueError as exc:
+                raise NotConfigured(f"FLEET_FEEDS: {uri!r} is not a URI ({exc})") from None
+            if "@" in netloc:
                 raise NotConfigured(
                     f"FLEET_FEEDS: {uri!r} has credentials: S3 takes them from the environment"
                     " (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never from a setting"

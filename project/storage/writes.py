@@ -20,6 +20,7 @@ through them in the order they were written.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -28,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import InsertOne, ReplaceOne, UpdateOne
-from pymongo.errors import BulkWriteError, InvalidName, OperationFailure
+from pymongo.errors import BulkWriteError, InvalidName, OperationFailure, PyMongoError
 
 from project.storage.documents import bounded, from_ms, stored_ms, to_ms, unencodable
 from project.storage.errors import ItemRejectedError, severity
@@ -89,16 +90,30 @@ class BatchWriter:
         self._changes = changes_collection
         self._max_bson = max_bson
         self._told: set[tuple[str, str]] = set()
+        self._one_batch = asyncio.Lock()
+        self._stamped: dict[str, set[str]] = {}
 
     async def write(self, records: Sequence[Record]) -> dict[int, Exception]:
-        """Write one batch; return the items MongoDB cannot take (stored in rejects instead)."""
-        self._written = from_ms(to_ms(self._now()))
-        self._stamped: dict[str, set[str]] = {}
-        began = time.monotonic()
-        failures = await self._write(records)
-        if time.monotonic() - began > _RESTAMP_AFTER and self._stamped:
-            await self._restamp(time.monotonic() - began)
-        return failures
+        """Write one batch; return the items MongoDB cannot take (stored in rejects instead).
+
+        One batch at a time: a batch's stamp and what it stamped are the writer's while it
+        runs (the store's flush and its outbox drain both write through it)."""
+        async with self._one_batch:
+            self._written = from_ms(to_ms(self._now()))
+            self._stamped = {}
+            began = time.monotonic()
+            failures = await self._write(records)
+            if time.monotonic() - began > _RESTAMP_AFTER and self._stamped:
+                try:
+                    await self._restamp(time.monotonic() - began)
+                except PyMongoError as exc:  # the batch is written: only the stamps lag
+                    self._stats.inc_value("mongo/restamp_errors")
+                    logger.error(
+                        "A slow batch's items could not be stamped again (%s): an export"
+                        " that began while it ran may miss them with its next since",
+                        exc,
+                    )
+            return failures
 
     async def _restamp(self, took: float) -> None:
         """Stamp again what a slow batch wrote (``written_at`` moved to now): a read that
@@ -224,10 +239,10 @@ class BatchWriter:
         updates = [
             (op, p)
             for p in plans.values()
-            if not p.insert and (op := p.update(written, p.key in gone)) is not None
+            if not p.insert and (op := p.update(written, p.comes_back(gone))) is not None
         ]
         rewritten = [p for _, p in updates if p.writes_content]
-        back = [p for _, p in updates if not p.writes_content and p.key in gone]
+        back = [p for _, p in updates if not p.writes_content and p.comes_back(gone)]
         before = (
             {doc["_id"]: doc async for doc in _lookup(collection, [p.key for p in rewritten], None)}
             if rewritten
@@ -498,6 +513,13 @@ class Plan:
     first_ms: int
     last_ms: int
     stored_last_ms: int | None
+
+    def comes_back(self, gone: dict[str, Any]) -> bool:
+        """Marked gone, and seen after its last sighting stored: a replayed or late record
+        of an older sighting brings nothing back (as the gone mark's own check, last_seen)."""
+        return self.key in gone and (
+            self.stored_last_ms is None or self.last_ms > self.stored_last_ms
+        )
 
     def update(
         self, written: datetime, came_back: bool = False
