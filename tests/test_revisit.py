@@ -682,6 +682,44 @@ def test_a_gone_mark_written_again_adds_no_change_and_an_item_back_is_a_write(
     assert changes[1]["old"] is not None
 
 
+def test_a_304_that_names_an_item_marked_gone_brings_it_back_as_a_write(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> None:
+    """A touch (a 304 page naming its items) newer than a gone item's last sighting brings it
+    back as a parsed sighting does: ``gone_at`` goes, ``written_at`` moves, one change; the
+    same touch again adds nothing, an older one leaves an item gone, an unknown id is no harm."""
+    one, two = "http://shop.test/product/1", "http://shop.test/product/2"
+
+    async def run() -> Any:
+        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
+            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
+        store = MongoStore.from_crawler(crawler)
+        await store.open()
+        await store.save_product(make_product(1), seen=1_000_000.0)
+        await store.save_product(make_product(2), seen=1_500_000.0)
+        await store.gone([("products", one), ("products", two)], before=2_000_000.0, at=2_100_000.0)
+        marked = mongo.products.find_one({"_id": one})
+        for _ in range(2):  # the same touch, as a replay sends it
+            await store.touch([("products", one), ("products", "unknown")], seen=3_000_000.0)
+        await store.touch([("products", two)], seen=1_200_000.0)  # older than its sighting
+        await store.close()
+        return marked, crawler.stats
+
+    marked, stats = asyncio.run(run())
+    back, still = mongo.products.find_one({"_id": one}), mongo.products.find_one({"_id": two})
+    assert back is not None
+    assert still is not None
+    assert "gone_at" not in back
+    assert back["last_seen"].replace(tzinfo=UTC) == datetime.fromtimestamp(3_000_000, UTC)
+    assert back["written_at"] > marked["written_at"]
+    assert still["gone_at"].replace(tzinfo=UTC) == datetime.fromtimestamp(2_100_000, UTC)
+    changes = list(mongo.changes.find({"item_id": one}).sort("_id", 1))
+    assert [(c["field"], c["new"] is None) for c in changes] == [("gone_at", False),
+                                                                  ("gone_at", True)]  # fmt: skip
+    assert changes[1]["crawl_id"] == changes[0]["crawl_id"]
+    assert stats.get_value("mongo/touched_back") == 1
+
+
 # -- change history --------------------------------------------------------------------
 
 

@@ -104,9 +104,14 @@ def report_record(report: Mapping[str, Any], *, database: str, collection: str) 
             "doc": doc, "times": times}  # fmt: skip
 
 
-def touch_record(collection: str, ids: list[str], *, database: str, seen: float) -> Record:
-    """The record of items seen again without their content (a 304): ``last_seen`` moves."""
-    return {"db": database, "kind": "touch", "collection": collection, "ids": ids, "seen": seen}
+def touch_record(
+    collection: str, ids: list[str], *, database: str, seen: float, crawl_id: str = "",
+    spider: str = "",
+) -> Record:  # fmt: skip
+    """The record of items seen again without their content (a 304): ``last_seen`` moves
+    (and an item marked gone comes back: the crawl and spider name its change)."""
+    return {"db": database, "kind": "touch", "collection": collection, "ids": ids, "seen": seen,
+            "crawl_id": crawl_id, "spider": spider}  # fmt: skip
 
 
 def gone_record(

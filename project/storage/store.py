@@ -269,9 +269,11 @@ class MongoStore:
         """Items still there though not parsed again (a 304): ``last_seen`` moves, durably."""
         at = self._now() if seen is None else seen
         for collection, keys in _by_collection(refs).items():
-            await self._submit(
-                touch_record(collection, keys, database=self.config.database, seen=at)
-            )
+            record = touch_record(
+                collection, keys, database=self.config.database, seen=at,
+                crawl_id=self.config.crawl_id, spider=self.config.spider,
+            )  # fmt: skip
+            await self._submit(record)
         self._stats.inc_value("mongo/touched", len(refs))
 
     @property

@@ -317,19 +317,24 @@ class BatchWriter:
         All of a batch's touches of one collection at once, at the latest of their times (a
         few milliseconds apart), by ``_id`` alone, at most 50 ids a command (FerretDB 1.24
         hangs on an update of 100 documents or more); ``$max`` keeps a later ``last_seen``.
+        Only when an update matched fewer than its ids (an item marked gone, or not stored)
+        are they read: see :meth:`_touched_back`.
         """
         keys: dict[str, set[str]] = {}
-        latest = 0
+        latest, last = 0, records[-1]
         for record in records:
             keys.setdefault(record["collection"], set()).update(record["ids"])
             latest = max(latest, to_ms(record["seen"]))
-        update = {"$max": {"last_seen": from_ms(latest)}, "$unset": {"gone_at": ""}}
+        update = {"$max": {"last_seen": from_ms(latest)}}
         for name, ids in keys.items():
             collection, chunk = self._database[name], sorted(ids)
             for start in range(0, len(chunk), _MAX_OPS_PER_COMMAND):
-                selected = {"_id": {"$in": chunk[start : start + _MAX_OPS_PER_COMMAND]}}
+                part = chunk[start : start + _MAX_OPS_PER_COMMAND]
+                selected = {"_id": {"$in": part}, "gone_at": {"$exists": False}}
                 try:
-                    await collection.update_many(selected, update)
+                    result = await collection.update_many(selected, update)
+                    if result.matched_count < len(part):
+                        await self._touched_back(name, part, latest, last)
                 except OperationFailure as exc:
                     if severity(exc) == "transient":
                         raise  # an outage: the batch goes to the journal and comes back
@@ -337,6 +342,36 @@ class BatchWriter:
                     self._stats.inc_value("mongo/write_errors")
                     logger.error("MongoDB refused to touch items of %s: %s", name, exc)
                     break
+
+    async def _touched_back(self, name: str, ids: list[str], seen: int, record: Record) -> None:
+        """Items of *ids* marked gone that a touch at *seen* (ms) names after their last
+        sighting: back, as a parsed sighting brings them (``written_at``, a change each). A
+        replayed touch finds them back already; an older one leaves them gone."""
+        collection = self._database[name]
+        query = {"_id": {"$in": ids}, "gone_at": {"$exists": True},
+                 "last_seen": {"$lt": from_ms(seen)}}  # fmt: skip
+        gone = {doc["_id"]: doc["gone_at"] async for doc in collection.find(query, {"gone_at": 1})}
+        if not gone:
+            return
+        written = self._written
+        query["_id"] = {"$in": sorted(gone)}
+        await collection.update_many(
+            query,
+            {"$max": {"last_seen": from_ms(seen)}, "$unset": {"gone_at": ""},
+             "$set": {"written_at": written}},
+        )  # fmt: skip
+        docs = [
+            {"_id": change_id(written, f"{key}|gone_at|{seen}|{name}"), "item_id": key,
+             "collection": name, "field": "gone_at", "old": gone_at, "new": None,
+             "at": from_ms(seen), "crawl_id": record.get("crawl_id", ""),
+             "spider": record.get("spider", ""), "written_at": written}
+            for key, gone_at in gone.items()
+        ]  # fmt: skip
+        groups: list[_Group] = [[] for _ in docs]
+        await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
+        self._stamp(name, gone)
+        self._stats.inc_value("mongo/changes", len(docs))
+        self._stats.inc_value("mongo/touched_back", len(docs))
 
     async def _gone(self, record: Record) -> None:
         """Mark items their page no longer has: ``gone_at``, and a change each.
