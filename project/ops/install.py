@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 FERRETDB_VERSION: Final = "v1.24.2"
 #: The version the patched build reports (``ferretdb --version``): a binary built before the
 #: patch, or with an older one, is built again.
-FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.9"
+FERRETDB_BUILD: Final = f"{FERRETDB_VERSION}-fleetcrawl.10"
 
 #: fleetcrawl's patch of FerretDB (each ferretdb/*.go says why): the files it adds, and the text it
 #: replaces, each found exactly once (or as many times as a fourth element says).

@@ -12,6 +12,7 @@ package pool
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"log/slog"
 	"net/url"
 	"os"
@@ -61,6 +62,7 @@ func fleetcrawlCheckpoints(db *sql.DB, name, uri string, l *slog.Logger) {
 			}
 
 			l.Warn("fleetcrawl: WAL checkpoint failed", slog.String("db", name), slog.String("error", err.Error()))
+			time.Sleep(time.Second) // an error that persists: a line a second, not four
 		}
 	}
 }
@@ -88,8 +90,18 @@ func fleetcrawlTruncate(db *sql.DB) (bool, error) {
 	var busy, frames, copied int
 	err = conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &copied)
 
-	if _, restore := conn.ExecContext(ctx, "PRAGMA busy_timeout = 10000"); restore != nil && err == nil {
-		err = restore
+	// the pool's writers wait up to 10 s again: restored with a context of its own (the
+	// checkpoint's may be spent), and a connection that cannot be restored is not given back
+	// to the pool with a 100 ms timeout but closed (driver.ErrBadConn)
+	restoreCtx, restoreCancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer restoreCancel()
+
+	if _, restore := conn.ExecContext(restoreCtx, "PRAGMA busy_timeout = 10000"); restore != nil {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+
+		if err == nil {
+			err = restore
+		}
 	}
 
 	return err == nil && busy == 0, err
