@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     import redis as sync_redis
     from pymongo.database import Database
+    from scrapy.crawler import Crawler
 
     from project.frontier.keys import FrontierKeys
     from project.ops.services import ServicesConfig
@@ -570,6 +571,17 @@ def test_a_stored_item_is_named_in_its_pages_record_by_the_store(tmp_path: Path)
     assert _scraped(crawler, {"sku": "2"}, **validators) == {"items": []}
 
 
+async def _open_store(
+    services: ServicesConfig, mongo: Database[Any], tmp_path: Path
+) -> tuple[Crawler, MongoStore]:
+    """A crawler and its store, open, writing to *mongo*."""
+    crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
+        "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
+    store = MongoStore.from_crawler(crawler)
+    await store.open()
+    return crawler, store
+
+
 def test_items_the_frontier_names_still_there_are_touched_by_the_store(
     services: ServicesConfig, mongo: Database[Any], tmp_path: Path
 ) -> None:
@@ -577,10 +589,7 @@ def test_items_the_frontier_names_still_there_are_touched_by_the_store(
 
     async def run() -> tuple[dict[str, Any], Any]:
         # the pymongo calls block the loop: nothing else runs on it here
-        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
-            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
-        store = MongoStore.from_crawler(crawler)
-        await store.open()
+        crawler, store = await _open_store(services, mongo, tmp_path)
         await store.save_product(make_product(1))
         before = mongo.products.find_one()
         assert before is not None
@@ -609,10 +618,7 @@ def test_the_store_marks_gone_only_what_was_not_seen_since_and_records_each_once
     one, two = "http://shop.test/product/1", "http://shop.test/product/2"
 
     async def run() -> Any:
-        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
-            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
-        store = MongoStore.from_crawler(crawler)
-        await store.open()
+        crawler, store = await _open_store(services, mongo, tmp_path)
         await store.save_product(make_product(1), seen=1_000_000.0)
         await store.save_product(make_product(2), seen=3_000_000.0)  # seen after the evidence
         # a page that named both at 2,000,000 no longer does: product 2 was seen since
@@ -651,10 +657,7 @@ def test_a_gone_mark_written_again_adds_no_change_and_an_item_back_is_a_write(
     one = "http://shop.test/product/1"
 
     async def run() -> None:
-        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
-            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
-        store = MongoStore.from_crawler(crawler)
-        await store.open()
+        _, store = await _open_store(services, mongo, tmp_path)
         await store.save_product(make_product(1), seen=1_000_000.0)
         for _ in range(2):  # the same record, as a replay sends it
             await store.gone([("products", one)], before=2_000_000.0, at=2_100_000.0)
@@ -691,10 +694,7 @@ def test_a_304_that_names_an_item_marked_gone_brings_it_back_as_a_write(
     one, two = "http://shop.test/product/1", "http://shop.test/product/2"
 
     async def run() -> Any:
-        crawler = get_crawler(_Spider, {"MONGO_URI": services.mongo_url,
-            "MONGO_DATABASE": mongo.name, "MONGO_JOURNAL_DIR": str(tmp_path / "journal")})  # fmt: skip
-        store = MongoStore.from_crawler(crawler)
-        await store.open()
+        crawler, store = await _open_store(services, mongo, tmp_path)
         await store.save_product(make_product(1), seen=1_000_000.0)
         await store.save_product(make_product(2), seen=1_500_000.0)
         await store.gone([("products", one), ("products", two)], before=2_000_000.0, at=2_100_000.0)
