@@ -150,8 +150,7 @@ class DataApi:
             return _error(f"no collection {name[:100]!r} (GET /api/v1/collections lists them)", 404)
         q = request.query
         limit, fmt, cursor = _limit(q), _format(q), _cursor(q)
-        since = read_token(q["since"]) if q.get("since") else None
-        until = cursor.until_ms if cursor is not None else await self._watermark()
+        until, since = await self._bounds(q, cursor)
         window = None
         if q.get("run"):
             report = await self.database[self.mongo.runs_collection].find_one({"_id": q["run"]})
@@ -179,7 +178,7 @@ class DataApi:
             raise BadParameterError("format: ndjson or sse")
         last_event = request.headers.get("Last-Event-ID")
         cursor = Cursor.decode(last_event) if last_event else _cursor(q)
-        since = read_token(q["since"]) if q.get("since") else None
+        since = _since(q)
         if cursor is None and since is None:
             since = await self._watermark()  # from now on
         if self._feeds >= _MAX_FEEDS:
@@ -254,9 +253,14 @@ class DataApi:
 
     # -- inside --------------------------------------------------------------------
 
-    async def _change_query(self, q: Any, cursor: Cursor | None) -> ChangeQuery:
-        since = read_token(q["since"]) if q.get("since") else None
+    async def _bounds(self, q: Any, cursor: Cursor | None) -> tuple[int, int | None]:
+        """A read's watermark (its cursor's, else now's) and its ``since`` (None: from the
+        start)."""
         until = cursor.until_ms if cursor is not None else await self._watermark()
+        return until, _since(q)
+
+    async def _change_query(self, q: Any, cursor: Cursor | None) -> ChangeQuery:
+        until, since = await self._bounds(q, cursor)
         for name in ("collection", "field", "item"):
             if len(q.get(name) or "") > 2048:
                 raise BadParameterError(f"{name}: too long")
@@ -322,6 +326,11 @@ def _format(q: Any) -> str:
     if fmt not in FORMATS:
         raise BadParameterError(f"format: {fmt[:20]!r} is not one of {', '.join(FORMATS)}")
     return str(fmt)
+
+
+def _since(q: Any) -> int | None:
+    text = q.get("since")
+    return read_token(text) if text else None
 
 
 def _cursor(q: Any) -> Cursor | None:

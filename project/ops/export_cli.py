@@ -21,7 +21,7 @@ def _export(args: argparse.Namespace) -> int:
     from pymongo.errors import PyMongoError
 
     from project.dataout.config import DataOutConfig
-    from project.dataout.query import BadParameterError, ItemQuery, read_token, split_fields
+    from project.dataout.query import BadParameterError, read_token, split_fields
 
     settings = project_settings(args)
     if args.format == "parquet":
@@ -42,7 +42,7 @@ def _export(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CommandError(f"cannot write {args.output}: {exc}") from exc
     try:
-        token = asyncio.run(_run(args, settings, config, out, (fields, omit, since), ItemQuery))
+        token = asyncio.run(_run(args, settings, config, out, (fields, omit, since)))
     except PyMongoError as exc:
         raise CommandError(f"MongoDB: {exc}") from exc
     finally:
@@ -58,14 +58,14 @@ def _export(args: argparse.Namespace) -> int:
 
 async def _run(
     args: argparse.Namespace, settings: Any, config: Any, out: BinaryIO,
-    given: tuple[tuple[str, ...], tuple[str, ...], int | None], query_class: Any,
+    given: tuple[tuple[str, ...], tuple[str, ...], int | None],
 ) -> str:  # fmt: skip
     """Export as *args* say to *out*; the token that resumes after it."""
     from pymongo import AsyncMongoClient
 
     from project.dataout.clock import fleet_ms
     from project.dataout.export import export_items
-    from project.dataout.query import BadParameterError, watermark_ms, window_of
+    from project.dataout.query import BadParameterError, ItemQuery, watermark_ms, window_of
     from project.storage.config import MongoConfig
     from project.storage.counts import count_of_async
 
@@ -93,7 +93,7 @@ async def _run(
                 window = window_of(report)
             except BadParameterError as exc:
                 raise CommandError(str(exc)) from exc
-        query = query_class(until, since, window, fields, omit)
+        query = ItemQuery(until, since, window, fields, omit)
         collection = database[args.collection]
         progress = None
         if sys.stderr.isatty():

@@ -285,31 +285,36 @@ class BatchWriter:
                     "old": bounded(old), "new": bounded(new), "at": at, "crawl_id": winner["crawl_id"],
                     "spider": winner.get("spider", ""), "written_at": written,
                 })  # fmt: skip
+        await self._insert_changes(docs)
+
+    async def _insert_changes(self, docs: list[_Document]) -> None:
+        """Store change documents; a replayed batch finds its changes there already
+        (duplicate ``_id``): nothing to add."""
         if not docs:
             return
-        # a replayed batch finds its changes there already (duplicate _id): nothing to add
         groups: list[_Group] = [[] for _ in docs]
         await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
         self._stats.inc_value("mongo/changes", len(docs))
 
+    def _return_change(
+        self, name: str, key: str, gone_at: Any, seen: int, crawl_id: str, spider: str
+    ) -> _Document:
+        """The change of an item seen again at *seen* (ms) after it was marked gone."""
+        return {
+            "_id": change_id(self._written, f"{key}|gone_at|{seen}|{name}"), "item_id": key,
+            "collection": name, "field": "gone_at", "old": gone_at, "new": None,
+            "at": from_ms(seen), "crawl_id": crawl_id, "spider": spider,
+            "written_at": self._written,
+        }  # fmt: skip
+
     async def _record_returns(self, name: str, plans: list[Plan], gone: dict[str, Any]) -> None:
         """A change (``gone_at`` to none) for each item seen again after it was marked gone,
         its content the same."""
-        written = self._written
-        docs = []
-        for planned in plans:
-            winner = planned.winner
-            seen = to_ms(winner["seen"])
-            docs.append({
-                "_id": change_id(written, f"{planned.key}|gone_at|{seen}|{name}"),
-                "item_id": planned.key, "collection": name, "field": "gone_at",
-                "old": gone[planned.key], "new": None, "at": from_ms(seen),
-                "crawl_id": winner["crawl_id"], "spider": winner.get("spider", ""),
-                "written_at": written,
-            })  # fmt: skip
-        groups: list[_Group] = [[] for _ in docs]
-        await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
-        self._stats.inc_value("mongo/changes", len(docs))
+        await self._insert_changes([
+            self._return_change(name, p.key, gone[p.key], to_ms(p.winner["seen"]),
+                                p.winner["crawl_id"], p.winner.get("spider", ""))
+            for p in plans
+        ])  # fmt: skip
 
     async def _touch(self, records: list[Record]) -> None:
         """Move ``last_seen`` of items seen again without their content; they are not gone.
@@ -353,25 +358,15 @@ class BatchWriter:
         gone = {doc["_id"]: doc["gone_at"] async for doc in collection.find(query, {"gone_at": 1})}
         if not gone:
             return
-        written = self._written
         query["_id"] = {"$in": sorted(gone)}
-        await collection.update_many(
-            query,
-            {"$max": {"last_seen": from_ms(seen)}, "$unset": {"gone_at": ""},
-             "$set": {"written_at": written}},
-        )  # fmt: skip
-        docs = [
-            {"_id": change_id(written, f"{key}|gone_at|{seen}|{name}"), "item_id": key,
-             "collection": name, "field": "gone_at", "old": gone_at, "new": None,
-             "at": from_ms(seen), "crawl_id": record.get("crawl_id", ""),
-             "spider": record.get("spider", ""), "written_at": written}
+        await collection.update_many(query, _back(seen, self._written))
+        await self._insert_changes([
+            self._return_change(name, key, gone_at, seen, record.get("crawl_id", ""),
+                                record.get("spider", ""))
             for key, gone_at in gone.items()
-        ]  # fmt: skip
-        groups: list[_Group] = [[] for _ in docs]
-        await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
+        ])  # fmt: skip
         self._stamp(name, gone)
-        self._stats.inc_value("mongo/changes", len(docs))
-        self._stats.inc_value("mongo/touched_back", len(docs))
+        self._stats.inc_value("mongo/touched_back", len(gone))
 
     async def _gone(self, record: Record) -> None:
         """Mark items their page no longer has: ``gone_at``, and a change each.
@@ -414,10 +409,7 @@ class BatchWriter:
             ]  # fmt: skip
             self._stamp(name, (key for key, stamp in marked if stamp == self._written))
         self._stats.inc_value("mongo/gone", marked_now)  # a replay marks none again
-        if docs:
-            groups: list[_Group] = [[] for _ in docs]
-            await self._bulk(self._database[self._changes], [InsertOne(d) for d in docs], groups)
-            self._stats.inc_value("mongo/changes", len(docs))
+        await self._insert_changes(docs)
 
     def _overwritten(self, collection: str, planned: Plan, counts: Counter[str]) -> None:
         """Count (and tell once) records of one URL id whose contents overwrote each other."""
@@ -570,11 +562,7 @@ class Plan:
                 match["last_seen"] = {"$lt": from_ms(to_ms(self.winner["seen"]))}
             return ReplaceOne(match, document(self.winner, self.first_ms, self.last_ms, written))
         if came_back:
-            return UpdateOne(
-                {"_id": self.key},
-                {"$max": {"last_seen": from_ms(self.last_ms)}, "$unset": {"gone_at": ""},
-                 "$set": {"written_at": written}},
-            )  # fmt: skip
+            return UpdateOne({"_id": self.key}, _back(self.last_ms, written))
         if self.stored_last_ms is None or self.last_ms > self.stored_last_ms:
             return UpdateOne(
                 {"_id": self.key},
@@ -671,6 +659,12 @@ def document(
     }
     doc["written_at"] = written if written is not None else from_ms(last_ms)
     return doc
+
+
+def _back(seen_ms: int, written: datetime) -> _Document:
+    """The update of an item seen again at *seen_ms* after it was marked gone: a write."""
+    return {"$max": {"last_seen": from_ms(seen_ms)}, "$unset": {"gone_at": ""},
+            "$set": {"written_at": written}}  # fmt: skip
 
 
 def change_id(written: datetime, key: str) -> str:
