@@ -6,7 +6,9 @@ JSON-LD), the same server has sections that nothing of the shop links to: a JSON
 catalogue (``/api/``, :mod:`tests.site.api`), an article site (``/articles/``,
 :mod:`tests.site.articles`), a book site (``/books/``, :mod:`tests.site.books`) and the
 sitemaps that list the last two (``/sitemap.xml``, named by robots.txt,
-:mod:`tests.site.sitemaps`).
+:mod:`tests.site.sitemaps`), and with ``--mixed N`` a shop whose product pages need a browser
+or not by URL pattern, and count the browsers that rendered them (``/mixed/``,
+:mod:`tests.site.mixed`).
 
 The catalogue is that of one epoch (``--epoch``, or ``/_epoch?set=N`` while it runs): each
 epoch reprices, restocks, removes and adds a few products of the one before

@@ -88,6 +88,11 @@ class Product:
         """Canonical relative URL of the product page."""
         return f"/product/{self.id}"
 
+    @property
+    def listing_url(self) -> str:
+        """Relative URL of the first listing page of the product's primary category."""
+        return f"/category/{self.categories[0]}?page=1"
+
 
 @dataclass(frozen=True)
 class Catalogue:

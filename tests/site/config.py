@@ -67,6 +67,14 @@ class ShopConfig:
     block_first: int = 0
     block_first_answer: str = "mixed"
 
+    #: The mixed site (``/mixed/``, tests.site.mixed; 0: off, its paths 404): its products, the
+    #: shares of them under the JavaScript-only and the switching pattern, and the deal pages
+    #: served before the switching pattern turns JavaScript-only (0: only ``/_mixed?switch=1``).
+    mixed: int = 0
+    mixed_js_share: float = 0.3
+    mixed_deal_share: float = 0.0
+    mixed_switch_after: int = 0
+
     def as_dict(self) -> dict[str, object]:
         """JSON-ready copy, as shown in ``/_stats``."""
         data = asdict(self)
@@ -256,6 +264,33 @@ def _build_parser() -> argparse.ArgumentParser:
         default=MIXED,
         help="what those blocks answer; mixed: one by the page (default: %(default)s)",
     )
+    add(
+        "--mixed",
+        type=_count,
+        default=0,
+        help="products of the mixed site under /mixed/; 0: no mixed site (default: %(default)s)",
+    )
+    add(
+        "--mixed-js-share",
+        type=_share,
+        default=0.3,
+        help="share of the mixed products served JavaScript-only, under /mixed/app/"
+        " (default: %(default)s)",
+    )
+    add(
+        "--mixed-deal-share",
+        type=_share,
+        default=0.0,
+        help="share of the mixed products under /mixed/deal/, static until the switch"
+        " (default: %(default)s)",
+    )
+    add(
+        "--mixed-switch-after",
+        type=_count,
+        default=0,
+        help="deal pages served static before they turn JavaScript-only; 0: only when"
+        " /_mixed?switch=1 says so (default: %(default)s)",
+    )
     return parser
 
 
@@ -276,6 +311,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ShopConfig:
         parser.error(
             "--js-share, --malformed-share, --flaky-share and --broken-share add up to more than 1"
         )
+    if args.mixed_js_share + args.mixed_deal_share > 1.0 + 1e-9:
+        parser.error("--mixed-js-share and --mixed-deal-share add up to more than 1")
     options = vars(args)
     options["robots_disallow"] = tuple(options["robots_disallow"])
     options["slow_paths"] = tuple(options["slow_paths"])

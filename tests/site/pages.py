@@ -284,7 +284,7 @@ def _breadcrumb(product: Product) -> list[dict[str, str]]:
     home, category = product.breadcrumb
     return [
         {"name": home, "href": "/"},
-        {"name": category, "href": f"/category/{product.categories[0]}?page=1"},
+        {"name": category, "href": product.listing_url},
     ]
 
 

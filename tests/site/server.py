@@ -30,6 +30,7 @@ from tests.site.conditional import entity_tag, http_date, last_modified, not_mod
 from tests.site.defense import Defense
 from tests.site.epochs import CatalogueHistory, EpochShares
 from tests.site.hostile import HugeBody, stall
+from tests.site.mixed import BEACON_PATH, CONTROL_PATH, EXPECTED_PATH, MixedSite, generate_mixed
 from tests.site.pages import (
     HOSTILE_PAGES,
     PNG,
@@ -71,7 +72,7 @@ _CATEGORY_PATH = re.compile(r"/category/([a-z0-9-]+)")
 _IMAGE_PATH = re.compile(r"/img/(\d+)-(\d+)\.jpg")
 _HOSTILE_NAMES = {path: name for name, path in HOSTILE_PAGES.items()}
 #: Path prefixes of the sections beyond the shop (:meth:`ShopResource._section`).
-_SECTIONS = ("/api/", "/sitemap", "/articles/", "/books/")
+_SECTIONS = ("/api/", "/sitemap", "/articles/", "/books/", "/mixed/")
 #: Product kinds whose pages carry no validators (see :class:`ShopResource`).
 _UNVALIDATED_KINDS = frozenset({"js", "flaky", "broken"})
 
@@ -85,7 +86,8 @@ class ShopResource(Resource):
     (slow or not) and the sitemaps. Without them: js product pages (Chromium renders them, and
     its cache must not turn a test's second render into a 304), flaky and broken ones (their
     answer changes from one request to the next), the 429s of the burst, every error, robots.txt,
-    the images, the API, the book and article sites and the hostile pages.
+    the images, the API, the book, article and mixed sites and the hostile pages (the mixed
+    site's pages also say ``cache-control: no-store``).
     """
 
     isLeaf = True
@@ -106,6 +108,15 @@ class ShopResource(Resource):
         self._library = generate_library(config.books, config.seed)
         self._journal = generate_journal(config.articles, config.seed)
         self._sitemaps = Sitemaps(self._journal, self._library)
+        self._mixed: MixedSite | None = None
+        if config.mixed:
+            mixed = generate_mixed(
+                config.mixed,
+                config.seed,
+                js_share=config.mixed_js_share,
+                deal_share=config.mixed_deal_share,
+            )
+            self._mixed = MixedSite(mixed, config.page_size, config.mixed_switch_after)
         self._hostile_links = hostile_hrefs(config.hostile_ports) if config.hostile else []
         #: The last ``/_catalogue`` answered, by (epoch, since): tests ask for it again and again.
         self._payload: tuple[tuple[int, int | None], bytes] | None = None
@@ -199,6 +210,8 @@ class ShopResource(Resource):
         if path == "/_reset":
             self._stats.reset()
             self._defense.reset()
+            if self._mixed is not None:
+                self._mixed.reset()
             return self._json(request, {"reset": True})
         if path == "/_timeline":
             return self._json(request, self._stats.timeline_dict())
@@ -211,6 +224,8 @@ class ShopResource(Resource):
             else:
                 self._failing.pop(target, None)
             return self._json(request, {"failing": self._failing})
+        if path in (CONTROL_PATH, BEACON_PATH, EXPECTED_PATH):
+            return self._mixed_control(request, path)
         if path not in ("/_catalogue", "/_changes", "/_epoch"):
             return None
         try:
@@ -228,6 +243,35 @@ class ShopResource(Resource):
         except ValueError as exc:  # a bad argument, or an epoch out of range
             request.setResponseCode(400)
             return self._json(request, {"error": str(exc)})
+
+    def _mixed_control(self, request: Request, path: str) -> bytes:
+        """``/_mixed`` (``?switch=1``: deal pages JavaScript-only from now on, ``0``: static),
+        ``/_mixed/expected`` and ``/_mixed/beacon?path=...``, a render of a page served."""
+        if self._mixed is None:
+            request.setResponseCode(404)
+            return self._json(request, {"error": "the mixed site is off (--mixed 0)"})
+        if path == EXPECTED_PATH:
+            return self._json(request, self._mixed.expected(_base_url(request)))
+        name = b"path" if path == BEACON_PATH else b"switch"
+        values = request.args.get(name, []) if request.args else []
+        if len(values) > 1:
+            request.setResponseCode(400)
+            return self._json(request, {"error": f"{name.decode()} is given {len(values)} times"})
+        value = values[0].decode("utf-8", "replace") if values else None
+        if path == CONTROL_PATH:
+            if value not in (None, "0", "1"):
+                request.setResponseCode(400)
+                return self._json(request, {"error": f"switch must be 0 or 1, got {value[:40]!r}"})
+            if value is not None:
+                self._mixed.switch(value == "1")
+            return self._json(request, self._mixed.state())
+        # Only a page the site served can be rendered: a stranger's paths cannot grow the count.
+        if value is None or value not in self._stats.mixed_hits:
+            request.setResponseCode(400)
+            shown = "nothing" if value is None else repr(value[:80])
+            return self._json(request, {"error": f"path names no page served: {shown}"})
+        self._stats.mixed_renders[value] += 1
+        return self._json(request, {"renders": self._stats.mixed_renders[value]})
 
     def _changes(self, epoch: int, since: int | None) -> dict[str, object]:
         """``{"since": since, "price": [...], "availability": ..., "added": ..., "removed": ...}``:
@@ -296,14 +340,25 @@ class ShopResource(Resource):
                 )
                 return Reply(200, html.encode(), changed=changed)
         elif match := _IMAGE_PATH.fullmatch(path):
-            product = self._catalogue.product(int(match.group(1)))
+            product_id = int(match.group(1))
+            product = self._catalogue.product(product_id) or (
+                self._mixed.product(product_id) if self._mixed is not None else None
+            )
             if product is not None and 1 <= int(match.group(2)) <= len(product.images):
                 return Reply(200, PNG, b"image/png")
         return Reply(404, render_error(404, "Not Found").encode())
 
     def _section(self, request: Request, path: str) -> Reply | None:
-        """The API, the sitemaps, the article and book sites; ``None`` for a 404."""
+        """The API, the sitemaps, the article, book and mixed sites; ``None`` for a 404."""
         base_url = _base_url(request)
+        if path.startswith("/mixed/"):
+            page = _int_arg(request, b"page", default=1)
+            html = self._mixed.render(path, page, base_url) if self._mixed is not None else None
+            if html is None:
+                return None
+            if request.method == b"GET":
+                self._stats.mixed_hits[request.uri.decode("utf-8", "replace")] += 1
+            return Reply(200, html.encode(), headers={b"cache-control": b"no-store"})
         if path == CATEGORIES_PATH:
             self._stats.api_hits["categories"] += 1
             return self._api.categories(base_url)
@@ -645,8 +700,19 @@ class ShopServer:
         return {self.url(article["url"]) for article in self.catalogue()["articles"]}
 
     def reset(self) -> None:
-        """Clear the counters and the flaky/burst progress."""
+        """Clear the counters and the flaky/burst progress (and the mixed site's deal switch)."""
         self._get_json("/_reset")
+
+    def mixed_expected(self) -> dict[str, Any]:
+        """Ground truth of the mixed site (``--mixed``): ``{"products": {absolute URL: {"name",
+        "price", "currency", "sku", "availability", "description", "pattern"}}, "switched",
+        "deal_served"}``."""
+        return self._get_json("/_mixed/expected")
+
+    def mixed_switch(self, on: bool) -> dict[str, Any]:
+        """Serve the mixed site's deal pages JavaScript-only (*on*) or static from now on;
+        returns ``{"switched", "deal_served"}``."""
+        return self._get_json("/_mixed?switch=" + ("1" if on else "0"))
 
     def ban(self, address: str, answer: str = "challenge", *, off: bool = False) -> None:
         """Ban the client *address* with *answer* from now on (tests.site.defense); *off*: lift

@@ -56,6 +56,10 @@ class ShopStats:
     article_hits: Counter[str]
     #: Valid API requests: ``categories``, and ``<slug>/<page>`` for each page of products.
     api_hits: Counter[str]
+    #: GETs of each page of the mixed site (``--mixed``), by path and query as asked for, and
+    #: its renders: beacons a browser that ran the page sent. Plain fetches are the difference.
+    mixed_hits: Counter[str]
+    mixed_renders: Counter[str]
     #: Every counted request in arrival order, with its duration.
     timeline: list[Timed]
     #: Requests with If-None-Match or If-Modified-Since, and those answered 304 Not Modified.
@@ -82,6 +86,8 @@ class ShopStats:
         self.book_hits = Counter()
         self.article_hits = Counter()
         self.api_hits = Counter()
+        self.mixed_hits = Counter()
+        self.mixed_renders = Counter()
         self.timeline = []
         self.conditional = 0
         self.not_modified = 0
@@ -121,6 +127,8 @@ class ShopStats:
             "book_hits": dict(self.book_hits),
             "article_hits": dict(self.article_hits),
             "api_hits": dict(self.api_hits),
+            "mixed_hits": dict(self.mixed_hits),
+            "mixed_renders": dict(self.mixed_renders),
             "conditional": self.conditional,
             "not_modified": self.not_modified,
             "body_bytes": self.body_bytes,
