@@ -48,6 +48,7 @@ from project.rendering.browser import use_system_chromium
 from project.rendering.config import RenderingConfig, RenderingConfigError
 from project.rendering.handler import RENDER_RETRY_EXCEPTIONS
 from project.rendering.middleware import RenderingMiddleware
+from project.rendering.samples import AdaptiveSamples
 from project.runs.report import RunsConfig
 from project.runs.tracker import RunTracker
 from project.storage.config import MongoConfig, StorageConfigError
@@ -108,7 +109,14 @@ _DOWNLOADER_MIDDLEWARES = {
 # start_urls and start() seed the fleet once, not once per node; first after the engine.
 # the guard next to the spider: it hears a callback's exception before any middleware of the
 # project can swallow it
-_SPIDER_MIDDLEWARES = {FleetStartMiddleware: 10, RevisitLinksMiddleware: 20, RevisitParseGuard: 990}
+# Adaptive rendering's samples next to it: what a callback yielded, before anything else
+# sees it (project/rendering/samples.py).
+_SPIDER_MIDDLEWARES = {
+    FleetStartMiddleware: 10,
+    RevisitLinksMiddleware: 20,
+    AdaptiveSamples: 980,
+    RevisitParseGuard: 990,
+}
 
 _EXTENSIONS = {NodeMonitor: 500, StatsFile: 510, RunTracker: 520}
 #: Scrapy 2.19's remote-control server, off on crawler nodes: out of EXTENSIONS_BASE, not

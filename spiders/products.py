@@ -40,6 +40,8 @@ class ProductsSpider(FleetSpider):
     """Walks every category and stores every product once, fleet-wide."""
 
     name = "products"
+    #: Says how the page was fetched: adaptive rendering does not compare it.
+    render_ignore_fields = ("rendered",)
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Request | ProductItem]:
         """Seeds may be any page of the shop: route by what the page is."""

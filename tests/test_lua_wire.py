@@ -123,6 +123,7 @@ def test_every_option_the_node_sends_is_in_the_header() -> None:
         join_first=True,
         seed_want=1,
         session_options={"size": 1},
+        render_options={"known": -1},
     )
     sent = set(json.loads(_Queue()._options(batch)))
     assert sent == described
@@ -149,7 +150,8 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
                                        b"seeds", 0, b"starting", 0]),
         ("wait_ms", None), ("now", 1_700_000_000_000), ("replayed", 0),
         ("sessions", [b"s", 3, b"[]", b"{}"]), ("retired", 1), ("probes", [b"s\nhttp://p:1"]),
-        ("sites_forgotten", 2),
+        ("sites_forgotten", 2), ("render", [5, b'{"s\t/p/{n}\tparse":["http",3,0,1,[]]}', 0]),
+        ("patterns_forgotten", 1),
     ]  # fmt: skip
     flat = [v for name, value in pairs for v in (name.encode(), value)]
     backwards = [v for name, value in reversed(pairs) for v in (name.encode(), value)]
@@ -163,3 +165,5 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
     assert first.retired == 1
     assert first.probes == [("s", "http://p:1")]
     assert first.sites_forgotten == 2
+    assert first.render == (5, b'{"s\t/p/{n}\tparse":["http",3,0,1,[]]}', False)
+    assert first.patterns_forgotten == 1

@@ -20,7 +20,7 @@ from scrapy_playwright.page import PageMethod
 from project import settings as project_settings
 from project.addon import FleetAddon
 from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
-from project.rendering.browser import abort_heavy_request, use_system_chromium
+from project.rendering.browser import abort_types, abort_heavy_request, use_system_chromium
 from project.rendering.config import RenderingConfig, RenderingConfigError, parse_render_rules
 from project.rendering.middleware import FALLBACK_META_KEY, RenderingMiddleware
 from spiders.products import ProductsSpider
@@ -229,8 +229,16 @@ def test_renders_are_spread_over_the_allowed_contexts() -> None:
     ("resource_type", "aborted"),
     [("image", True), ("font", True), ("media", True), ("document", False), ("script", False)],
 )
-def test_heavy_resources_are_aborted(resource_type, aborted) -> None:
-    assert abort_heavy_request(SimpleNamespace(resource_type=resource_type)) is aborted
+def test_the_resource_types_of_a_pages_render_are_aborted(resource_type, aborted) -> None:
+    class Page:  # what the handler registers for each render (a weak reference)
+        pass
+
+    page = Page()
+    abort_types[page] = RenderingConfig().abort_resources
+    request = SimpleNamespace(resource_type=resource_type, frame=SimpleNamespace(page=page))
+    assert abort_heavy_request(request) is aborted
+    # a request without a frame (a service worker's) is let through
+    assert abort_heavy_request(SimpleNamespace(resource_type=resource_type)) is False
 
 
 # -- PageMethod on the wire ------------------------------------------------
@@ -378,12 +386,17 @@ def test_two_nodes_store_javascript_products(fleet: Fleet, make_shop, mongo) -> 
     for index in (0, 1):
         stats = fleet.stats(index)
         assert stats["finish_reason"] == "finished"
-        # Every page Chromium opened was closed again, within the bounds.
+        # Every page Chromium opened was closed again or is idle (closed with its context),
+        # within the bounds.
         opened = stats.get("playwright/page_count", 0)
-        assert opened == stats.get("playwright/page_count/closed", 0)
+        assert opened == stats.get("playwright/page_count/closed", 0) + stats.get(
+            "playwright/page_count/idle", 0
+        )
         assert stats.get("playwright/page_count/max_concurrent", 0) <= 4
         assert stats.get("playwright/browser_count", 0) <= 1
-    assert _sum_stat(fleet, "playwright/page_count", (0, 1)) == len(js_ids)
+    assert _sum_stat(fleet, "playwright/renders", (0, 1)) == len(js_ids)
+    # pages were reused: at most the 4 of each node's context were opened
+    assert _sum_stat(fleet, "playwright/page_count", (0, 1)) <= 8
     assert _sum_stat(fleet, "playwright/request_count/aborted", (0, 1)) >= len(js_ids)
 
 
@@ -451,8 +464,11 @@ def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     assert fleet.wait(90) == [0]
 
     log = fleet.log(0)
-    assert fleet.stat(0, "playwright/page_count") == 7
-    assert fleet.stat(0, "playwright/page_count/closed") == 7
+    assert fleet.stat(0, "playwright/renders") == 7
+    # the 404's page is idle at the end, or closed for a failed render's new page
+    assert fleet.stat(0, "playwright/page_count") == fleet.stat(
+        0, "playwright/page_count/closed"
+    ) + (fleet.stat(0, "playwright/page_count/idle") or 0)
     assert fleet.stat(0, "playwright/page_count/max_concurrent") <= 4
     assert log.count("Closing page due to failed request") == 6
 

@@ -124,6 +124,8 @@ class FrontierKeys:
     #: The fleet's sessions and the health of its (proxy, site) pairs (lua/step/sessions.lua).
     sessions: str
     proxies: str
+    #: Which pages need a browser, by URL pattern (lua/step/render.lua).
+    render: str
     templates: KeyTemplates = dataclasses.field(default=KeyTemplates(), repr=False, compare=False)
 
     @classmethod
@@ -164,7 +166,7 @@ class FrontierKeys:
                 "inflight", "delayed", "dead", "seq", "throttled", "limits", "rates", "buckets",
                 "active", "leases", "lat_sum", "lat_n", "queued", "robots", "nodes", "alive",
                 "history", "layout", "deliveries", "allowed", "recent", "start", "capped",
-                "holders", "revisit", "due", "runs", "outbox", "sessions", "proxies",
+                "holders", "revisit", "due", "runs", "outbox", "sessions", "proxies", "render",
             )
         }  # fmt: skip
         return cls(

@@ -29,6 +29,7 @@ from project.frontier.seen import BloomFill
 from project.frontier.settlements import SettlementQueue
 from project.frontier.signals import store_backpressure
 from project.frontier.sites import SiteResolver, site_of
+from project.rendering.plan import plan_of
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -61,7 +62,7 @@ def _harmed_by_a_second_run(batch: StepBatch) -> bool:
     more): entries queued whatever was seen, dead letters and retries written twice, permits
     given back twice (the node would download past the cap until its next permit table),
     downloads told of the fleet's sessions counted twice (a proven pair's one block would
-    read as two and ban it). A second run of the rest costs leases that expire and permits
+    read as two and ban it), render outcomes counted twice. A second run of the rest costs leases that expire and permits
     the table corrects."""
     return bool(
         batch.dead
@@ -69,6 +70,7 @@ def _harmed_by_a_second_run(batch: StepBatch) -> bool:
         or batch.give_back
         or any(fp[:1] == MODE_ALWAYS for fp, *_ in batch.enqueue)
         or any(entry[0] in ("ok", "block") for entry in batch.sessions)
+        or bool(batch.render)
     )
 
 
@@ -139,6 +141,9 @@ class FrontierLoop:
         self.sessions = pool_of(crawler)
         if self.sessions is not None:
             self.sessions.clock = self.clock.now
+        #: Which pages the fleet renders (project/rendering/plan.py), None without
+        #: PLAYWRIGHT_ADAPTIVE.
+        self.render_plan = plan_of(crawler)
         crawler.signals.connect(self._store_backpressure, signal=store_backpressure)
 
     # -- engine side (no I/O) ----------------------------------------------
@@ -431,6 +436,9 @@ class FrontierLoop:
         if self.sessions is not None:
             batch.sessions = self.sessions.take_entries()
             batch.session_options = self.sessions.options(batch.sessions)
+        if self.render_plan is not None:
+            batch.render = self.render_plan.take_entries()
+            batch.render_options = self.render_plan.options()
         if self._resolver is not None:
             await self._resolver.rekey(batch)
         if now - self._last_heartbeat >= config.heartbeat_seconds:
@@ -476,6 +484,10 @@ class FrontierLoop:
                 self._count("sessions/retired", result.retired)
             if result.sites_forgotten:
                 self._count("sessions/sites_forgotten", result.sites_forgotten)
+        if self.render_plan is not None and batch.render_options is not None:
+            self.render_plan.apply(result.render)
+            if result.patterns_forgotten:
+                self._count("render/adaptive/forgotten", result.patterns_forgotten)
         wake = result.next_wake_ms
         self._next_wake = None if wake is None else time.monotonic() + wake / 1000
         count_step(self.stats, batch, result)

@@ -36,6 +36,7 @@ SECTIONS: Final = (
     ("pause", "pauses", ("site", "pause_ms")),
     ("latency", "latency", ("site", "seconds", "samples")),
     ("session", "sessions", ("kind", "site", "id", "proxy", "data")),
+    ("render", "render", ("pattern", "outcome", "data")),
     ("ahead", "ahead", ("site", "requests", "permits", "held", "spare")),
 )
 
@@ -71,6 +72,8 @@ REPLY: Final = (
     "retired",
     "probes",
     "sites_forgotten",
+    "render",
+    "patterns_forgotten",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -117,6 +120,12 @@ class StepBatch:
     #: The sessions' limits and the sites this node asks the sessions of, with the version
     #: of them it knows (-1: none); None: no sessions
     session_options: dict[str, Any] | None = None
+    #: (pattern, outcome, data): what this node's fetches taught about which pages need a
+    #: browser (project/rendering/plan.py, lua/step/render.lua)
+    render: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The version of the patterns this node knows, and their limits; None: adaptive
+    #: rendering is off
+    render_options: dict[str, Any] | None = None
     #: (site, permits) this node gives back: it has no request of that site for them
     give_back: list[tuple[str, int]] = field(default_factory=list)
     #: (site, requests, permits, held, spare) for sites this node works on: requests to
@@ -229,6 +238,11 @@ class StepResult:
     probes: list[tuple[str, str]] = field(default_factory=list)
     #: Sites whose sessions and pairs this step's maintenance forgot (idle long).
     sites_forgotten: int = 0
+    #: (version, changes JSON or b"", full) of the render patterns (lua/step/render.lua);
+    #: None without adaptive rendering.
+    render: tuple[int, bytes, bool] | None = None
+    #: Render patterns this step's maintenance forgot.
+    patterns_forgotten: int = 0
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -321,6 +335,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["seq"] = str(batch.seq)  # text: a Lua number loses digits past 14
         if batch.session_options is not None:
             options["sessions"] = batch.session_options
+        if batch.render_options is not None:
+            options["render"] = batch.render_options
         if batch.revisit_limits and (batch.sweep or batch.revisits):
             options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
@@ -385,6 +401,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
     held = reply["permits_held"]
     views = reply["sessions"]
     counts = reply["counts"]
+    render = reply["render"]
     named = {_text(counts[j]): int(counts[j + 1]) for j in range(0, len(counts), 2)}
     wait = reply["wait_ms"]
     return StepResult(
@@ -438,4 +455,6 @@ def _decode_reply(raw: list[Any]) -> StepResult:
             (site, proxy) for site, _, proxy in (_text(p).partition("\n") for p in reply["probes"])
         ],
         sites_forgotten=int(reply["sites_forgotten"]),
+        render=(int(render[0]), render[1], bool(render[2])) if render else None,
+        patterns_forgotten=int(reply["patterns_forgotten"]),
     )

@@ -278,6 +278,9 @@ def render(status: dict[str, Any]) -> RenderableType:
     blocking = status.get("blocking") or {}
     if blocking.get("sites") or blocking.get("proxies"):
         parts.append(_blocking(blocking))
+    rendering = status.get("rendering") or {}
+    if rendering.get("patterns"):
+        parts.append(_rendering(rendering))
     if status["failures"] or fleet["retry_reasons"]:
         failures = Table(title="Failures", title_justify="left", expand=True)
         failures.add_column("count", justify="right")
@@ -313,6 +316,24 @@ def _blocking(blocking: dict[str, Any]) -> RenderableType:
         table.add_row(
             _cell(f"proxy {row['proxy']}"), str(row["requests"]), str(row["blocked"]), health,
             "", "", _cell(cooling[:200]),
+        )  # fmt: skip
+    return table
+
+
+def _rendering(rendering: dict[str, Any]) -> RenderableType:
+    """Adaptive rendering's patterns: each one's mode and outcomes."""
+    modes = rendering.get("modes") or {}
+    title = (
+        f"Rendering: {rendering['count']} patterns ({modes.get('http', 0)} plain HTTP,"
+        f" {modes.get('browser', 0)} browser, {modes.get('learn', 0)} learning)"
+    )
+    table = Table(title=title, title_justify="left", expand=True)
+    for name in ("site", "path template", "callback", "mode", "agreed", "missed"):
+        table.add_column(name, justify="right" if name in ("agreed", "missed") else "left")
+    for row in rendering["patterns"][:20]:
+        table.add_row(
+            _cell(row["site"]), _cell(row["template"]), _cell(row["callback"]), row["mode"],
+            str(row["agreed"]), str(row["missed"]),
         )  # fmt: skip
     return table
 

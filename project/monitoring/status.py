@@ -644,7 +644,8 @@ def fleet_status(
     _server_time(pipe, keys)
     pipe.lrange(keys.dead, 0, 199)
     queue_reads(pipe, keys)
-    raw_nodes, expiries, (seconds, micros), dead, raw_pairs, raw_alive = pipe.execute()
+    pipe.hgetall(keys.render)
+    raw_nodes, expiries, (seconds, micros), dead, raw_pairs, raw_alive, raw_render = pipe.execute()
     server_ms = int(seconds) * 1000 + int(micros) // 1000
     alive = {node.decode("utf-8", "replace") for node, until in expiries if until > server_ms}
     records: dict[str, dict[str, Any]] = {}
@@ -694,6 +695,7 @@ def fleet_status(
         session_sites(blocking, server_ms, dict(tiers or {})),
         proxy_table(blocking, server_ms),
     )
+    status["rendering"] = render_patterns(raw_render)
     reported = [n["journal_backlog"] for n in nodes if n["journal_backlog"] is not None]
     status["journal_backlog"] = sum(reported) if reported else None
     # Storage faults a node cannot fix by retrying: loud in status, not only in its log.
@@ -704,6 +706,40 @@ def fleet_status(
         if n["mongo_errors"] or n["journal_errors"]
     ]  # fmt: skip
     return status
+
+
+#: Render patterns status lists, those with the most outcomes first.
+_PATTERNS_SHOWN = 50
+
+
+def render_patterns(raw: dict[Any, Any]) -> dict[str, Any]:
+    """Adaptive rendering's patterns (lua/step/render.lua): how many the fleet keeps, and
+    the ones with the most outcomes, each with its mode and its outcomes."""
+    patterns = []
+    for field, value in raw.items():
+        site, _, rest = field.decode("utf-8", "replace").partition("\t")
+        template, _, callback = rest.partition("\t")
+        try:
+            record = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        patterns.append(
+            {
+                "site": site,
+                "template": template,
+                "callback": callback,
+                "mode": str(record.get("mode", "learn")),
+                "agreed": int(record.get("a") or 0),
+                "missed": int(record.get("m") or 0),
+            }
+        )
+    patterns.sort(key=lambda p: (-(p["agreed"] + p["missed"]), p["site"], p["template"]))
+    modes = {
+        mode: sum(1 for p in patterns if p["mode"] == mode) for mode in ("learn", "http", "browser")
+    }
+    return {"count": len(patterns), "modes": modes, "patterns": patterns[:_PATTERNS_SHOWN]}
 
 
 def _fleet(nodes: list[dict[str, Any]]) -> dict[str, Any]:

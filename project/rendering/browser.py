@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from scrapy_playwright.provider import PlaywrightBrowserProvider
 
 from project.rendering.config import RenderingConfig
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, BrowserContext
+    from playwright.async_api import Browser, BrowserContext, Page
     from playwright.async_api import Request as PlaywrightRequest
     from scrapy.settings import BaseSettings
     from scrapy_playwright.handler import Config as PlaywrightConfig
@@ -20,13 +23,17 @@ if TYPE_CHECKING:
 __all__ = [
     "LazyBrowserProvider",
     "abort_heavy_request",
+    "abort_types",
+    "browser_memory",
     "chromium_sandboxed",
     "use_system_chromium",
 ]
 
 logger = logging.getLogger(__name__)
 
-_HEAVY_RESOURCES = frozenset({"image", "font", "media"})
+#: The resource types each page aborts, set by the handler for each render (a render
+#: rule's own, else PLAYWRIGHT_ABORT_RESOURCES).
+abort_types: WeakKeyDictionary[Page, frozenset[str]] = WeakKeyDictionary()
 
 
 def use_system_chromium(settings: BaseSettings) -> None:
@@ -104,5 +111,39 @@ def chromium_sandboxed(launch_options: dict[str, Any]) -> bool:
 
 
 def abort_heavy_request(request: PlaywrightRequest) -> bool:
-    """PLAYWRIGHT_ABORT_REQUEST: images, fonts and media are never needed to build the DOM."""
-    return request.resource_type in _HEAVY_RESOURCES
+    """PLAYWRIGHT_ABORT_REQUEST: the resource types of the page's render are not downloaded
+    (images, fonts and media by default: they are never needed to build the DOM)."""
+    try:
+        types = abort_types.get(request.frame.page, frozenset())
+    except Exception:  # noqa: BLE001 - a service worker's request has no frame
+        return False
+    return request.resource_type in types
+
+
+def browser_memory(root: int | None = None) -> int:
+    """Bytes of memory of the browsers under process *root* (this one): the proportional
+    set size (shared pages counted once) of every descendant but Playwright's driver."""
+    todo, total, seen = _children(str(root or os.getpid())), 0, set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo += _children(pid)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "node":
+                continue  # Playwright's driver: it stays when the browser goes
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+    return total
+
+
+def _children(pid: str) -> list[str]:
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += (task / "children").read_text().split()
+    return found

@@ -41,10 +41,58 @@ class RenderingConfigError(RuntimeError):
 
 @dataclass(frozen=True)
 class RenderRule:
-    """Render requests whose URL matches ``pattern``, then run ``page_methods``."""
+    """Render requests whose URL matches ``pattern``, then run ``page_methods``.
+
+    ``wait_for``: a CSS selector the render waits for instead of the page's ``load`` event;
+    ``abort``: the resource types aborted instead of PLAYWRIGHT_ABORT_RESOURCES.
+    """
 
     pattern: re.Pattern[str]
     page_methods: tuple[PageMethod, ...] = ()
+    wait_for: str | None = None
+    abort: frozenset[str] | None = None
+
+
+#: What a rule given as a dict may say (``{"page_methods": [...], "wait_for": ...}``).
+_RULE_KEYS = frozenset({"page_methods", "wait_for", "abort"})
+#: Playwright's resource types (``Request.resource_type``).
+RESOURCE_TYPES = frozenset(
+    {
+        "document", "stylesheet", "image", "media", "font", "script", "texttrack", "xhr",
+        "fetch", "eventsource", "websocket", "manifest", "other",
+    }
+)  # fmt: skip
+
+
+def _abort_types(value: Any, name: str) -> frozenset[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    types = frozenset(value)
+    unknown = types - RESOURCE_TYPES
+    if unknown or "document" in types:
+        raise RenderingConfigError(
+            f"{name}: {sorted(unknown) or ['document']} cannot be aborted; name resource types"
+            f" of {', '.join(sorted(RESOURCE_TYPES - {'document'}))}"
+        )
+    return types
+
+
+def _rule(pattern: str, spec: Any, name: str) -> RenderRule:
+    wait_for = abort = None
+    methods = spec
+    if isinstance(spec, dict):
+        unknown = set(spec) - _RULE_KEYS
+        if unknown:
+            raise TypeError(f"unknown keys {sorted(unknown)}; a rule takes {sorted(_RULE_KEYS)}")
+        methods = spec.get("page_methods")
+        wait_for = spec.get("wait_for")
+        if wait_for is not None and not (isinstance(wait_for, str) and wait_for.strip()):
+            raise TypeError("wait_for must be a CSS selector")
+        if spec.get("abort") is not None:
+            abort = _abort_types(spec["abort"], name)
+    regex = re.compile(pattern)
+    page_methods = tuple(check_rule_page_method(m) for m in methods or ())
+    return RenderRule(regex, page_methods, wait_for, abort)
 
 
 def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tuple[RenderRule, ...]:
@@ -52,7 +100,8 @@ def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tupl
 
     A string is a JSON list or dict (command line), or else a single regex.
     Page methods are ``PageMethod`` objects or their JSON form
-    ``{"method": ..., "args": [...], "kwargs": {...}}``; being code on the
+    ``{"method": ..., "args": [...], "kwargs": {...}}``; a rule's value may also be a dict
+    of ``page_methods``, ``wait_for`` (a CSS selector) and ``abort`` (resource types). Being code on the
     node, rules may run JavaScript (``evaluate``), which requests may not.
     """
     if isinstance(value, str):
@@ -68,13 +117,11 @@ def parse_render_rules(value: Any, name: str = "PLAYWRIGHT_RENDER_URLS") -> tupl
         return ()
     items = value.items() if isinstance(value, dict) else ((pattern, ()) for pattern in value)
     rules = []
-    for pattern, methods in items:
+    for pattern, spec in items:
         try:
-            regex = re.compile(pattern)
-            page_methods = tuple(check_rule_page_method(m) for m in methods or ())
+            rules.append(_rule(pattern, spec, name))
         except (re.error, TypeError, ValueError) as exc:
             raise RenderingConfigError(f"{name}: bad rule {pattern!r}: {exc}") from exc
-        rules.append(RenderRule(regex, page_methods))
     return tuple(rules)
 
 
@@ -127,6 +174,17 @@ class RenderingConfig:
     )
     #: Seconds from a page's creation to its response, page methods included.
     render_timeout: float = setting("PLAYWRIGHT_RENDER_TIMEOUT", 60.0)
+    #: Learn, per (site, URL path template, callback), whether pages need the browser.
+    adaptive: bool = setting("PLAYWRIGHT_ADAPTIVE", False)
+    #: Resource types no render downloads (a rule's ``abort`` replaces them for its pages).
+    abort_resources: frozenset[str] = setting(
+        "PLAYWRIGHT_ABORT_RESOURCES",
+        frozenset({"image", "font", "media"}),
+        shown="image, font, media",
+    )
+    #: MiB of resident memory past which the browser is closed, once its renders end, and
+    #: launched again (0: never).
+    max_rss: int = setting("PLAYWRIGHT_MAX_RSS", 1024)
     #: The keys of scrapy-playwright's PLAYWRIGHT_CONTEXTS, created when the node starts.
     named_contexts: tuple[str, ...] = ()
     #: PLAYWRIGHT_CDP_URL or PLAYWRIGHT_CONNECT_URL is set: the browser runs elsewhere.
@@ -156,6 +214,9 @@ class RenderingConfig:
         except NotConfigured as exc:
             raise RenderingConfigError(str(exc)) from exc
         config = cls(**values)
+        _abort_types(config.abort_resources, "PLAYWRIGHT_ABORT_RESOURCES")
+        if config.max_rss < 0:
+            raise RenderingConfigError("PLAYWRIGHT_MAX_RSS must be 0 (off) or more MiB")
         if config.max_contexts < 1 or config.max_pages_per_context < 1:
             raise RenderingConfigError(
                 "PLAYWRIGHT_MAX_CONTEXTS and PLAYWRIGHT_MAX_PAGES_PER_CONTEXT must be at least 1"

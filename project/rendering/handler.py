@@ -1,6 +1,8 @@
-"""scrapy-playwright's download handler, with a bound on every render.
+"""scrapy-playwright's download handler, with a bound on every render, pages reused, and the
+browser recycled when it grows.
 
-The bound overrides scrapy-playwright's private ``_download_request_with_page``:
+The bound and the page reuse override scrapy-playwright's private
+``_create_page``, ``_download_request_with_page`` and ``_apply_page_methods``:
 ``tests/test_rendering_contract.py`` fails with what to do when a release changes it,
 and pyproject.toml admits only the releases that test passed on.
 """
@@ -8,12 +10,20 @@ and pyproject.toml admits only the releases that test passed on.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
+from playwright.async_api import Error as PlaywrightError
 from scrapy.exceptions import DownloadTimeoutError
-from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
+from scrapy_playwright.handler import DEFAULT_CONTEXT_NAME, ScrapyPlaywrightDownloadHandler
+from scrapy_playwright.page import PageMethod
 
+from project.rendering.browser import abort_types, browser_memory
 from project.rendering.config import RenderingConfig
+from project.rendering.wire import ABORT_META_KEY, WAIT_FOR_META_KEY
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
@@ -22,6 +32,20 @@ if TYPE_CHECKING:
     from scrapy.http import Response
 
 __all__ = ["RENDER_RETRY_EXCEPTIONS", "BoundedPlaywrightHandler", "RenderTimeoutError"]
+
+logger = logging.getLogger(__name__)
+
+#: Renders a page serves before it is closed (a page's leaks end with it).
+_PAGE_USES = 100
+#: Seconds between two looks at the browser's memory (PLAYWRIGHT_MAX_RSS).
+_MEMORY_EVERY = 5.0
+#: Meta of a request whose page scrapy-playwright hands out or dresses: never reused.
+_OWN_PAGE_META = (
+    "playwright_include_page",
+    "playwright_page",
+    "playwright_page_event_handlers",
+    "playwright_page_init_callback",
+)
 
 #: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS:
 #: Playwright's Error is also the class of its TimeoutError and TargetClosedError.
@@ -43,7 +67,80 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
-        self.render_timeout = RenderingConfig.from_settings(crawler.settings).render_timeout
+        config = RenderingConfig.from_settings(crawler.settings)
+        self.render_timeout = config.render_timeout
+        self.abort_resources = config.abort_resources
+        self.max_memory = config.max_rss * 1024 * 1024
+        #: Pages done with their render, by context: the next render of the context
+        #: navigates one of them instead of opening a page (half the work of a render).
+        self._idle: dict[str, list[Page]] = {}
+        self._uses: WeakKeyDictionary[Page, int] = WeakKeyDictionary()
+        self._rendering = 0
+        self._memory_checked = 0.0
+        self._page_lock = asyncio.Lock()
+        #: Set when a page is parked or closed: a request waiting for one looks again.
+        self._page_freed = asyncio.Event()
+        #: Cleared while the browser is recycled: no render starts until it is back.
+        self._browser_ready = asyncio.Event()
+        self._browser_ready.set()
+
+    @staticmethod
+    def _reusable(request: Request) -> bool:
+        return not any(request.meta.get(key) for key in _OWN_PAGE_META)
+
+    async def _create_page(self, request: Request, spider: Spider) -> Page:
+        """An idle page of the request's context, else a new one (scrapy-playwright's).
+
+        Idle pages hold their context's page permits: a request that finds none idle and
+        the context full waits for a page to be parked or closed, and one that wants a
+        page of its own (``playwright_include_page``) closes an idle one to make room.
+        """
+        await self._browser_ready.wait()
+        name = request.meta.setdefault("playwright_context", DEFAULT_CONTEXT_NAME)
+        reusable = self._reusable(request)
+        async with self._page_lock:
+            while True:
+                idle = [page for page in self._idle.get(name, ()) if not page.is_closed()]
+                self._idle[name] = idle
+                if reusable and idle:
+                    parked = idle.pop()
+                    self._count_idle()
+                    with contextlib.suppress(PlaywrightError):
+                        await parked.unroute("**")  # the last render's; this one routes anew
+                        self.stats.inc_value("playwright/page_reused")
+                        return parked
+                    continue
+                wrapper = self.context_wrappers.get(name)
+                if wrapper is None or not wrapper.semaphore.locked():
+                    break
+                self._page_freed.clear()
+                if idle:
+                    await self._close_page(idle.pop())  # its permit goes to this request
+                    self._count_idle()
+                    continue
+                await self._page_freed.wait()
+            page: Page = await super()._create_page(request, spider)
+        page.on("crash", self._crashed)
+        page.on("close", self._closed)
+        self._uses[page] = 0
+        return page
+
+    async def _close_page(self, page: Page) -> None:
+        self._uses.pop(page, None)
+        with contextlib.suppress(PlaywrightError):
+            await page.close()
+            self.stats.inc_value("playwright/page_count/closed")
+
+    def _count_idle(self) -> None:
+        # pages open at the end are the idle ones, closed with their context after the stats
+        idle = sum(len(pages) for pages in self._idle.values())
+        self.stats.set_value("playwright/page_count/idle", idle)
+
+    def _crashed(self, page: Page) -> None:
+        self._uses.pop(page, None)  # never parked again
+
+    def _closed(self, page: Page) -> None:
+        self._page_freed.set()  # its permit is free
 
     async def _download_request_with_page(
         self, request: Request, page: Page, spider: Spider
@@ -52,6 +149,13 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         # request keeps its page), so a timeout frees the page like any failure.
         bound = min(self.render_timeout, float(request.meta.get("download_timeout") or "inf"))
         timer = asyncio.timeout(bound)
+        reuse = self._reusable(request) and page in self._uses
+        if reuse:
+            request.meta["playwright_include_page"] = True  # kept open, for the next render
+        aborted = request.meta.get(ABORT_META_KEY)
+        abort_types[page] = frozenset(aborted) if aborted is not None else self.abort_resources
+        self._rendering += 1
+        self.stats.inc_value("playwright/renders")
         try:
             async with timer:
                 response: Response = await super()._download_request_with_page(
@@ -63,4 +167,69 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
             raise RenderTimeoutError(
                 f"Rendering {request.url} took longer than {bound:g} seconds."
             ) from exc
+        finally:
+            self._rendering -= 1
+            if reuse:
+                # a failed render's page is closed by scrapy-playwright once this is gone
+                request.meta.pop("playwright_include_page", None)
+                request.meta.pop("playwright_page", None)
+        if reuse:
+            await self._park(request, page)
+        await self._watch_memory()
         return response
+
+    async def _park(self, request: Request, page: Page) -> None:
+        """Keep *page* for the next render of its context, or close it when it served enough."""
+        uses = self._uses.get(page)
+        if uses is None or page.is_closed():
+            return
+        if uses + 1 >= _PAGE_USES or not self._browser_ready.is_set():
+            await self._close_page(page)
+            return
+        self._uses[page] = uses + 1
+        name = request.meta.get("playwright_context", DEFAULT_CONTEXT_NAME)
+        self._idle.setdefault(name, []).append(page)
+        self._count_idle()
+        self._page_freed.set()
+
+    async def _watch_memory(self) -> None:
+        """Past PLAYWRIGHT_MAX_RSS, the browser closes once its renders end, and the next
+        render launches it again; its pages' requests wait meanwhile, none is lost."""
+        now = time.monotonic()
+        if not self.max_memory or now - self._memory_checked < _MEMORY_EVERY:
+            return
+        self._memory_checked = now
+        if not self._browser_ready.is_set() or not hasattr(self, "browser"):
+            return
+        used = await asyncio.to_thread(browser_memory)
+        if used <= self.max_memory:
+            return
+        self._browser_ready.clear()
+        try:
+            while self._rendering:
+                await asyncio.sleep(0.05)
+            logger.info(
+                "The browser uses %d MiB (PLAYWRIGHT_MAX_RSS: %d): closed, the next render"
+                " launches it again",
+                used // 2**20,
+                self.max_memory // 2**20,
+            )
+            self._idle.clear()
+            self._count_idle()
+            self._uses.clear()
+            self.stats.inc_value("playwright/browser_recycled")
+            with contextlib.suppress(PlaywrightError):
+                await self.browser.close()
+        finally:
+            self._browser_ready.set()
+
+    async def _apply_page_methods(self, page: Page, request: Request, spider: Spider) -> None:
+        """A render rule's ``wait_for``: its methods run without waiting for ``load`` after
+        each (scrapy-playwright's does; the rule's selector is what the page needs)."""
+        if not request.meta.get(WAIT_FOR_META_KEY):
+            await super()._apply_page_methods(page, request, spider)
+            return
+        for method in request.meta.get("playwright_page_methods") or ():
+            if isinstance(method, PageMethod) and isinstance(method.method, str):
+                result: Any = getattr(page, method.method)(*method.args, **method.kwargs)
+                method.result = await result if asyncio.iscoroutine(result) else result

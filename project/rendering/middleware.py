@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 from scrapy_playwright.page import PageMethod
 
 from project.rendering.config import RenderingConfig, parse_render_rules
-from project.rendering.wire import RULE_META_KEY
+from project.rendering.evidence import callback_name, pattern_key
+from project.rendering.plan import ROLE_BROWSER, plan_of
+from project.rendering.wire import (
+    ABORT_META_KEY,
+    ADAPTIVE_META_KEY,
+    RULE_META_KEY,
+    WAIT_FOR_META_KEY,
+)
 
 if TYPE_CHECKING:
     from typing import Self
@@ -18,6 +25,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from project.rendering.config import RenderRule
+    from project.rendering.plan import RenderPlan
 
 __all__ = ["FALLBACK_META_KEY", "RenderingMiddleware"]
 
@@ -38,6 +46,8 @@ class RenderingMiddleware:
     A render goes to a context of PLAYWRIGHT_CONTEXTS if it names one, else to
     one of the fleet's: any other name would open a context that holds one of
     PLAYWRIGHT_MAX_CONTEXTS for good, and every later render would wait for it.
+    With PLAYWRIGHT_ADAPTIVE, a GET request no rule and no ``meta["playwright"]`` decides
+    for goes where the fleet's render plan says (project/rendering/plan.py).
     """
 
     def __init__(
@@ -46,8 +56,10 @@ class RenderingMiddleware:
         fleet_contexts: int,
         stats: StatsCollector,
         named_contexts: tuple[str, ...] = (),
+        plan: RenderPlan | None = None,
     ) -> None:
         self.rules = rules
+        self.plan = plan
         self.fleet_contexts = fleet_contexts
         self.named_contexts = frozenset(named_contexts)
         self.stats = stats
@@ -64,7 +76,9 @@ class RenderingMiddleware:
         if spider_rules is not None:
             rules = parse_render_rules(spider_rules, f"{spider.name}.render_urls")
         assert crawler.stats is not None
-        return cls(rules, config.fleet_contexts, crawler.stats, config.named_contexts)
+        return cls(
+            rules, config.fleet_contexts, crawler.stats, config.named_contexts, plan_of(crawler)
+        )
 
     def process_request(self, request: Request) -> None:
         """Set ``playwright`` (and page methods) from a rule; pick a context for a render."""
@@ -74,16 +88,13 @@ class RenderingMiddleware:
         if render is None:
             rule = self.match(request.url)
             if rule is None:
-                return
-            meta["playwright"] = True
-            added.append("playwright")
-            if rule.page_methods and "playwright_page_methods" not in meta:
-                # Fresh objects: the handler stores each method's result on them.
-                meta["playwright_page_methods"] = [
-                    PageMethod(m.method, *m.args, **m.kwargs) for m in rule.page_methods
-                ]
-                added.append("playwright_page_methods")
-            self.stats.inc_value("playwright/rule")
+                if self.plan is None or request.method != "GET" or not self._adapt(request):
+                    return
+                added += ["playwright", ADAPTIVE_META_KEY]
+            else:
+                meta["playwright"] = True
+                added += ["playwright", *self._apply_rule(rule, meta)]
+                self.stats.inc_value("playwright/rule")
         elif not render:
             return
         context = meta.get("playwright_context")
@@ -115,6 +126,42 @@ class RenderingMiddleware:
             if isinstance(previous, list):
                 added += [key for key in previous if isinstance(key, str)]
             meta[RULE_META_KEY] = sorted(set(added))
+
+    def _adapt(self, request: Request) -> bool:
+        """Set the request's adaptive role; True when it goes to the browser."""
+        assert self.plan is not None
+        key = pattern_key(request.url, callback_name(request))
+        role = self.plan.decide(key)
+        self.stats.inc_value(f"render/adaptive/{role}")
+        request.meta[ADAPTIVE_META_KEY] = {"k": key, "r": role}
+        if role != ROLE_BROWSER:
+            # over plain HTTP (a sample's browser twin comes after: project/rendering/samples.py)
+            previous = request.meta.get(RULE_META_KEY)
+            keys = [ADAPTIVE_META_KEY, *(previous if isinstance(previous, list) else ())]
+            request.meta[RULE_META_KEY] = sorted(set(keys))
+            return False
+        request.meta["playwright"] = True
+        return True
+
+    @staticmethod
+    def _apply_rule(rule: RenderRule, meta: dict[str, object]) -> list[str]:
+        """Put *rule*'s page methods, wait and aborts on a request; the meta keys it set."""
+        added = []
+        methods = [PageMethod(m.method, *m.args, **m.kwargs) for m in rule.page_methods]
+        if rule.wait_for is not None and "playwright_page_goto_kwargs" not in meta:
+            # the page's own load event is not waited for: the rule's selector is enough
+            meta["playwright_page_goto_kwargs"] = {"wait_until": "domcontentloaded"}
+            methods.insert(0, PageMethod("wait_for_selector", rule.wait_for))
+            meta[WAIT_FOR_META_KEY] = rule.wait_for
+            added += ["playwright_page_goto_kwargs", WAIT_FOR_META_KEY]
+        if methods and "playwright_page_methods" not in meta:
+            # Fresh objects: the handler stores each method's result on them.
+            meta["playwright_page_methods"] = methods
+            added.append("playwright_page_methods")
+        if rule.abort is not None:
+            meta[ABORT_META_KEY] = sorted(rule.abort)
+            added.append(ABORT_META_KEY)
+        return added
 
     def match(self, url: str) -> RenderRule | None:
         """The first rule whose pattern is found in *url*."""

@@ -28,9 +28,13 @@ from project.frontier.sites import site_of
 from project.frontier.wire import UnserializableRequestError, register_codec, register_meta_filter
 
 __all__ = [
+    "ABORT_META_KEY",
+    "ADAPTIVE_META_KEY",
     "JAVASCRIPT_PAGE_METHODS",
     "PROCESS_LOCAL_META",
     "RULE_META_KEY",
+    "TWIN_META_KEY",
+    "WAIT_FOR_META_KEY",
     "allow_page_method",
     "check_rule_page_method",
     "meta_for_wire",
@@ -81,6 +85,14 @@ PROCESS_LOCAL_META = frozenset({"playwright_include_page", "playwright_page"})
 #: request.meta key where the rendering middleware lists the meta keys it set (a render
 #: rule's ``playwright`` and page methods, a fleet context): left out on the wire.
 RULE_META_KEY = "_render_rule_keys"
+#: A render rule's resource types to abort, and the CSS selector its render waits for.
+ABORT_META_KEY = "_render_abort"
+WAIT_FOR_META_KEY = "_render_wait_for"
+#: The adaptive role of a fetch, ``{"k": pattern, "r": role}`` (project/rendering/plan.py).
+ADAPTIVE_META_KEY = "_render_adaptive"
+#: A sample's browser twin: ``{"k": pattern, "p": the plain fetch's summary, "w": why}``;
+#: it travels through Redis (another node may render it).
+TWIN_META_KEY = "render_twin"
 
 _PAGE_METHODS_KEY = "playwright_page_methods"
 _CODEC_TAG = "page_method"

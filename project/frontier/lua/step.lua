@@ -34,6 +34,7 @@
     KEYS[25] runs        the fleet's current crawl run (lua/run_join.lua)
     KEYS[26] sessions    the fleet's sessions, by site (step/sessions.lua)
     KEYS[27] proxies     the health of each (proxy, site) pair (step/sessions.lua)
+    KEYS[28] render      which pages need a browser, by pattern (step/render.lua)
 
     ARGV[1]  options, one JSON object:
                node            this node's id (no newline)
@@ -73,12 +74,14 @@
                                (FRONTIER_REVISIT_SWEEP)
                sessions        the sessions' limits and the sites whose sessions this node
                                asks for (step/sessions.lua); absent: no sessions
+               render          adaptive rendering: the version of the patterns this node
+                               knows, and their limits (step/render.lua); absent: off
                start           CODE.start_extend: extend this node's claim on start();
                                CODE.start_end: its start() is over and its requests are
                                in (this step enqueues the last)
     ARGV[2..] the sections, each described by the phase that reads it: enqueue, ack,
               retry, dead, revisit, heartbeat, give_back, permit_table, pause, latency,
-              session, ahead
+              session, render, ahead
 
   Reply: name/value pairs {name, value, name, value, ...}:
     added         requests queued
@@ -122,6 +125,9 @@
     probes        {"<site>\n<proxy>", ...}: the pairs on probation this node may try
                   (step/sessions.lua)
     sites_forgotten  sites whose sessions and pairs maintenance forgot (idle long)
+    render        {version, changes JSON, full}: the patterns changed since the version the
+                  node knows (step/render.lua), or {} without options.render
+    patterns_forgotten  patterns maintenance forgot (no outcome for long)
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -140,6 +146,7 @@
 --@include step/pause.lua
 --@include step/latency.lua
 --@include step/sessions.lua
+--@include step/render.lua
 --@include step/ahead.lua
 --@include step/walk.lua
 --@include step/maintain.lua
@@ -158,7 +165,7 @@ if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
             'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
             'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
             'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0,
-            'probes', {}, 'sites_forgotten', 0}
+            'probes', {}, 'sites_forgotten', 0, 'render', {}, 'patterns_forgotten', 0}
 end
 local S = read_sections(opt.sections)
 local limits = opt.limits
@@ -176,13 +183,15 @@ if opt.permit_table then permits_fixed, permits_held = PermitsBack.reconcile(S.p
 Pause.run(S.pause, now, limits)
 Latency.run(S.latency)
 local session_views, sessions_retired, probes = Sessions.run(S.session, now, opt.sessions, opt.node)
+local render_view = Render.run(S.render, now, opt.render)
 
 local reaped, promoted, poisoned = 0, 0, {}
 local handed_out = 0
-local sites_forgotten = 0
+local sites_forgotten, patterns_forgotten = 0, 0
 if opt.maintain then
     reaped, promoted, poisoned = Maintain.run(now, limits, opt.max_deliveries)
     sites_forgotten = Sessions.forget(now, opt.sessions)
+    patterns_forgotten = Render.forget(now, opt.render)
     if opt.revisit then handed_out = Revisit.hand_out(now, opt.revisit) end
 end
 local first, woke = Wake.run(now)
@@ -237,4 +246,5 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'rejoined', got.rejoined and 1 or 0, 'seeds', seeds, 'seeds_kind', seeds_kind,
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
         'replayed', 0, 'sessions', session_views, 'retired', sessions_retired,
-        'probes', probes, 'sites_forgotten', sites_forgotten}
+        'probes', probes, 'sites_forgotten', sites_forgotten, 'render', render_view,
+        'patterns_forgotten', patterns_forgotten}

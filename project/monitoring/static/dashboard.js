@@ -111,6 +111,17 @@ function renderStatus(s) {
   }
   if (!blocking.length) blocking.push(row(["no blocks", "", "", "", "", "", ""]));
   $("blocking").tBodies[0].replaceChildren(...blocking);
+
+  const r = s.rendering || {count: 0, modes: {}, patterns: []};
+  const rendering = r.patterns.slice(0, 20).map((p) => row([
+    p.site, p.template, p.callback, p.mode, p.agreed, p.missed,
+  ]));
+  if (!rendering.length) rendering.push(row(["no patterns learnt", "", "", "", "", ""]));
+  $("rendering").tBodies[0].replaceChildren(...rendering);
+  const m = r.modes;
+  $("render-modes").textContent = r.count
+    ? `${r.count} patterns: ${m.http || 0} plain HTTP, ${m.browser || 0} browser, ${m.learn || 0} learning`
+    : "";
 }
 
 function renderCharts() {

@@ -1,0 +1,199 @@
+"""Adaptive rendering, a node's view: which pattern goes to the browser, which over plain HTTP.
+
+The fleet's patterns live in Redis (lua/step/render.lua); each step of the frontier's loop
+tells what this node's fetches taught and brings back the patterns that changed, so what
+one node learns every node uses from its next round trip. A pattern is ``learn`` until a
+few fetched both ways agree (``http``) or one plain fetch misses what the browser found
+(``browser``); a share of every settled pattern is fetched both ways again, more while its
+evidence is thin (:meth:`RenderPlan.decide`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
+
+from project.rendering.config import RenderingConfig
+from project.rendering.evidence import fields_of
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+
+    from project.rendering.evidence import Summary
+
+__all__ = [
+    "MODE_BROWSER",
+    "MODE_HTTP",
+    "MODE_LEARN",
+    "ROLE_BROWSER",
+    "ROLE_HTTP",
+    "ROLE_SAMPLE",
+    "Pattern",
+    "RenderPlan",
+    "plan_of",
+]
+
+logger = logging.getLogger(__name__)
+
+MODE_LEARN, MODE_HTTP, MODE_BROWSER = "learn", "http", "browser"
+#: What one fetch of a pattern is: plain and then its browser twin (a sample), plain HTTP,
+#: or the browser.
+ROLE_SAMPLE, ROLE_HTTP, ROLE_BROWSER = "sample", "http", "browser"
+
+#: The share of a settled pattern's fetches sampled again: at least RECHECK_SHARE, and
+#: 1 / (1 + samples) while it has few samples.
+RECHECK_SHARE = 0.03
+#: Samples of a learning pattern one node has out before the fleet answered; its other
+#: fetches meanwhile go to the browser (nothing lost while nothing is known).
+_LEARNING_OUT = 3
+#: Seconds after which a node stops waiting for its samples' answer (a twin dead-lettered).
+_SAMPLE_PATIENCE = 60.0
+#: Patterns the fleet keeps (a site that makes a template per page must not grow Redis
+#: without end), and how long one with no sample is kept.
+MOST_PATTERNS = 2000
+FORGET_PATTERN_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """The fleet's view of one pattern: its mode and its evidence."""
+
+    mode: str = MODE_LEARN
+    agree: int = 0
+    miss: int = 0
+    #: Fewest items a browser render of it yielded (-1: no render yet).
+    items: int = -1
+    #: Fields every item a browser render of it yielded had.
+    fields: tuple[str, ...] = ()
+
+    @property
+    def samples(self) -> int:
+        """Fetches of the pattern compared both ways."""
+        return self.agree + self.miss
+
+
+class RenderPlan:
+    """Which patterns this node renders; told each step (project/frontier/loop.py)."""
+
+    def __init__(self, stats: StatsCollector, draw: Callable[[], float] = random.random) -> None:
+        self.stats = stats
+        self.patterns: dict[str, Pattern] = {}
+        #: The version of the fleet's patterns this node knows (-1: none yet).
+        self.version = -1
+        #: The fleet keeps MOST_PATTERNS: a pattern it does not know is rendered.
+        self.full = False
+        self._draw = draw
+        self._entries: list[tuple[str, str, str]] = []
+        self._out: dict[str, tuple[int, float]] = {}  # samples out while learning, since
+
+    def decide(self, key: str) -> str:
+        """The role of the next fetch of pattern *key*: ROLE_SAMPLE, ROLE_HTTP or ROLE_BROWSER."""
+        pattern = self.patterns.get(key)
+        if pattern is None and self.full:
+            self.stats.inc_value("render/adaptive/unlearnt")
+            return ROLE_BROWSER
+        if pattern is None or pattern.mode == MODE_LEARN:
+            out, since = self._out.get(key, (0, 0.0))
+            now = time.monotonic()
+            if out >= _LEARNING_OUT and now - since < _SAMPLE_PATIENCE:
+                return ROLE_BROWSER
+            self._out[key] = (0 if out >= _LEARNING_OUT else out) + 1, now
+            return ROLE_SAMPLE
+        share = max(RECHECK_SHARE, 1.0 / (1 + pattern.samples))
+        if self._draw() < share:
+            self.stats.inc_value("render/adaptive/rechecks")
+            return ROLE_SAMPLE
+        return ROLE_HTTP if pattern.mode == MODE_HTTP else ROLE_BROWSER
+
+    def looks_short(self, key: str, plain: Summary) -> bool:
+        """Whether a plain page of a pattern settled on HTTP yielded less than a browser
+        render of the pattern always did (fewer items, or items without a field they all
+        had): the page may have turned into JavaScript, so it is fetched both ways."""
+        pattern = self.patterns.get(key)
+        if pattern is None or pattern.items < 1:
+            return False
+        if len(plain.get("i") or ()) < pattern.items:
+            return True
+        have = set(fields_of(plain))
+        return not set(pattern.fields) <= have
+
+    def told(self, key: str, agreed: bool, browser: Summary) -> None:
+        """A pattern fetched both ways: the plain fetch found what the browser found, or not."""
+        data = {"i": len(browser.get("i") or ()), "f": fields_of(browser)}
+        self._entries.append((key, "a" if agreed else "m", json.dumps(data)))
+        self.stats.inc_value(f"render/adaptive/{'agreed' if agreed else 'missed'}")
+
+    @property
+    def waiting(self) -> bool:
+        """Outcomes wait to be told to the fleet."""
+        return bool(self._entries)
+
+    def take_entries(self) -> list[tuple[str, str, str]]:
+        """The outcomes for the next step (lua/step/render.lua's section)."""
+        entries, self._entries = self._entries, []
+        return entries
+
+    def options(self) -> dict[str, Any]:
+        """options.render of the next step."""
+        return {"known": self.version, "most": MOST_PATTERNS, "forget_ms": FORGET_PATTERN_MS}
+
+    def apply(self, reply: tuple[int, bytes, bool] | None) -> None:
+        """Take in the patterns that changed (the step's ``render`` reply)."""
+        if reply is None:
+            return
+        version, changes, self.full = reply
+        if changes:
+            try:
+                changed = json.loads(changes)
+            except ValueError:
+                changed = {}
+            for key, value in changed.items() if isinstance(changed, dict) else ():
+                self._take(key, value)
+        self.version = version
+
+    def _take(self, key: str, value: Any) -> None:
+        if not isinstance(value, list) or len(value) != 5:
+            self.patterns.pop(key, None)  # forgotten by the fleet
+            return
+        mode, agree, miss, items, fields = value
+        before = self.patterns.get(key)
+        pattern = Pattern(
+            mode=mode if mode in (MODE_LEARN, MODE_HTTP, MODE_BROWSER) else MODE_LEARN,
+            agree=int(agree),
+            miss=int(miss),
+            items=int(items),
+            fields=tuple(fields) if isinstance(fields, list) else (),
+        )
+        self.patterns[key] = pattern
+        self._out.pop(key, None)
+        if before is None or before.mode != pattern.mode:
+            self.stats.inc_value(f"render/adaptive/settled/{pattern.mode}")
+            if pattern.mode != MODE_LEARN:
+                logger.info(
+                    "Render pattern %s: %s (%d fetches agreed, %d missed what the browser found)",
+                    key.replace("\t", " "),
+                    "plain HTTP" if pattern.mode == MODE_HTTP else "the browser",
+                    pattern.agree,
+                    pattern.miss,
+                )
+
+
+_PLANS: WeakKeyDictionary[Crawler, RenderPlan | None] = WeakKeyDictionary()
+
+
+def plan_of(crawler: Crawler) -> RenderPlan | None:
+    """The node's render plan, shared by the rendering middlewares and the frontier's loop;
+    None when PLAYWRIGHT_ADAPTIVE is off."""
+    if crawler not in _PLANS:
+        adaptive = RenderingConfig.from_settings(crawler.settings).adaptive
+        assert crawler.stats is not None
+        _PLANS[crawler] = RenderPlan(crawler.stats) if adaptive else None
+    return _PLANS[crawler]
