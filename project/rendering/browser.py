@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy_playwright.handler import Config as PlaywrightConfig
 
+#: Chromium's renderer does not load images (PLAYWRIGHT_ABORT_RESOURCES with ``image``).
+_NO_IMAGES = "--blink-settings=imagesEnabled=false"
+
 __all__ = [
     "LazyBrowserProvider",
     "abort_heavy_request",
@@ -44,6 +47,8 @@ def use_system_chromium(settings: BaseSettings) -> None:
     without Chromium stops at start instead of crawling on without JavaScript.
     Chromium's sandbox is on (Playwright's ``chromium_sandbox``) unless the
     node runs as root, where it cannot start, or the launch options say otherwise.
+    Images are off in the renderer when PLAYWRIGHT_ABORT_RESOURCES names them and no
+    render rule of the settings lets them through.
     """
     config = RenderingConfig.from_settings(settings)
     if config.remote or config.browser_type != "chromium":
@@ -51,6 +56,13 @@ def use_system_chromium(settings: BaseSettings) -> None:
     options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
     options["executable_path"] = config.find_chromium()
     options.setdefault("chromium_sandbox", os.geteuid() != 0)
+    if "image" in config.abort_resources and not any(
+        rule.abort is not None and "image" not in rule.abort for rule in config.rules
+    ):
+        # images never asked for at all: an aborted one costs a round trip through Python
+        args = list(options.get("args") or ())
+        if not any(str(arg).startswith("--blink-settings") for arg in args):
+            options["args"] = [*args, _NO_IMAGES]
     priority = settings.getpriority("PLAYWRIGHT_LAUNCH_OPTIONS") or "addon"
     settings.set("PLAYWRIGHT_LAUNCH_OPTIONS", options, priority=priority)
 

@@ -34,11 +34,12 @@ if TYPE_CHECKING:
 __all__ = ["RENDER_RETRY_EXCEPTIONS", "BoundedPlaywrightHandler", "RenderTimeoutError"]
 
 logger = logging.getLogger(__name__)
+_PLAYWRIGHT_LOGGER = logging.getLogger("scrapy-playwright")
 
 #: Renders a page serves before it is closed (a page's leaks end with it).
 _PAGE_USES = 100
 #: Seconds between two looks at the browser's memory (PLAYWRIGHT_MAX_RSS).
-_MEMORY_EVERY = 5.0
+_MEMORY_EVERY = 10.0
 #: Meta of a request whose page scrapy-playwright hands out or dresses: never reused.
 _OWN_PAGE_META = (
     "playwright_include_page",
@@ -68,6 +69,10 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         config = RenderingConfig.from_settings(crawler.settings)
+        if logging.getLevelName(crawler.settings.get("LOG_LEVEL")) != logging.DEBUG:
+            # scrapy-playwright logs each request of each page when its logger says DEBUG
+            # (Scrapy's LOG_LEVEL leaves it NOTSET): a round trip to the browser for each
+            _PLAYWRIGHT_LOGGER.setLevel(logging.INFO)
         self.render_timeout = config.render_timeout
         self.abort_resources = config.abort_resources
         self.max_memory = config.max_rss * 1024 * 1024

@@ -49,8 +49,9 @@ MODE_LEARN, MODE_HTTP, MODE_BROWSER = "learn", "http", "browser"
 ROLE_SAMPLE, ROLE_HTTP, ROLE_BROWSER = "sample", "http", "browser"
 
 #: The share of a settled pattern's fetches sampled again: at least RECHECK_SHARE, and
-#: 1 / (1 + samples) while it has few samples.
+#: 0.5 / (1 + samples) while it has few samples (12 % after the three that settle it).
 RECHECK_SHARE = 0.03
+_THIN_SHARE = 0.5
 #: Samples of a learning pattern one node has out before the fleet answered; its other
 #: fetches meanwhile go to the browser (nothing lost while nothing is known).
 _LEARNING_OUT = 3
@@ -107,7 +108,7 @@ class RenderPlan:
                 return ROLE_BROWSER
             self._out[key] = (0 if out >= _LEARNING_OUT else out) + 1, now
             return ROLE_SAMPLE
-        share = max(RECHECK_SHARE, 1.0 / (1 + pattern.samples))
+        share = max(RECHECK_SHARE, _THIN_SHARE / (1 + pattern.samples))
         if self._draw() < share:
             self.stats.inc_value("render/adaptive/rechecks")
             return ROLE_SAMPLE

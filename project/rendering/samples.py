@@ -50,6 +50,8 @@ _NOT_COPIED = NODE_LOCAL_META_KEYS | {
     "redirect_reasons",
 }
 _CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
+#: What a twin adds to its page's priority.
+_TWIN_PRIORITY = 1000
 
 
 class AdaptiveSamples:
@@ -135,7 +137,10 @@ class AdaptiveSamples:
         twin_meta = {k: v for k, v in meta.items() if k not in dropped}
         twin_meta["playwright"] = True
         twin_meta[TWIN_META_KEY] = {"k": key, "p": plain, "w": why}
-        twin = request.replace(meta=twin_meta, dont_filter=True)
+        # ahead of the queue: the pattern's other pages wait for its verdict (in the browser)
+        twin = request.replace(
+            meta=twin_meta, dont_filter=True, priority=request.priority + _TWIN_PRIORITY
+        )
         for header in _CONDITIONAL:
             twin.headers.pop(header, None)
         return twin
