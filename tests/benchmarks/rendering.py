@@ -65,8 +65,7 @@ _NODE_SETTINGS: dict[str, Any] = {
 _WARM_UP = 200
 
 
-def tree_pss_kib(root: int) -> int:
-    """PSS of *root* and all its descendants, from /proc/<pid>/smaps_rollup."""
+def _tree(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -75,10 +74,31 @@ def tree_pss_kib(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(children.get(pid, []))
+    return found
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of *root* and its descendants so far: each live one's own and that of
+    the children it reaped (utime, stime, cutime, cstime of /proc/<pid>/stat)."""
+    ticks = 0
+    for pid in _tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += sum(int(v) for v in fields[11:15])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_pss_kib(root: int) -> int:
+    """PSS of *root* and all its descendants, from /proc/<pid>/smaps_rollup."""
+    total = 0
+    for pid in _tree(root):
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
@@ -97,8 +117,9 @@ class _Sampler(threading.Thread):
         self.pid, self.shop, self.interval = pid, shop, interval
         self.peak_kib = 0
         self.render_starts: dict[str, float] = {}
-        #: (hits, renders) when the shop had answered _WARM_UP pages of the section
-        self.warm: tuple[int, int] | None = None
+        #: (hits, renders, pages, CPU seconds of the node) when the shop had answered
+        #: _WARM_UP requests of the section
+        self.warm: tuple[int, int, int, float] | None = None
         self.last: tuple[int, int] = (0, 0)
         self.done = threading.Event()
 
@@ -119,7 +140,8 @@ class _Sampler(threading.Thread):
         renders = sum(stats["mixed_renders"].values())
         self.last = (hits, renders)
         if self.warm is None and hits >= _WARM_UP:
-            self.warm = (hits, renders)
+            pages = len(stats["mixed_hits"])
+            self.warm = (hits, renders, pages, tree_cpu_seconds(self.pid))
 
 
 def run_node(
@@ -164,7 +186,8 @@ def run_node(
     starts = sorted(sampler.render_starts.values())
     rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
     hits, renders = sampler.last
-    warm_hits, warm_renders = sampler.warm or (hits, renders)
+    pages = len(shop.stats()["mixed_hits"])
+    warm_hits, warm_renders, warm_pages, warm_cpu = sampler.warm or (hits, renders, pages, cpu)
     after_warm = hits - warm_hits
     plain_share = (after_warm - (renders - warm_renders)) / after_warm if after_warm else 0.0
     expected = shop.mixed_expected()["products"]
@@ -172,13 +195,13 @@ def run_node(
         stored = {doc["url"]: doc for doc in mongo[database].products.find({})}
         mongo.drop_database(database)
     found = sum(1 for url, product in expected.items() if _as_expected(stored.get(url), product))
-    pages = len(shop.stats()["mixed_hits"])
     return {
         "pages_per_s": rate,
         "peak_mib": sampler.peak_kib / 1024,
         "plain_share": plain_share,
         "recall": found / len(expected),
         "cpu_per_page": cpu / pages if pages else 0.0,
+        "warm_cpu_per_page": (cpu - warm_cpu) / (pages - warm_pages) if pages > warm_pages else 0.0,
         "renders": renders,
         "requests": hits,
     }
@@ -208,8 +231,9 @@ def _worktree(rev: str):
         yield where
     finally:
         subprocess.run(
-            ["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True
-        )
+            ["git", "worktree", "remove", "--force", str(where)],
+            cwd=ROOT, capture_output=True, check=False,
+        )  # fmt: skip
         shutil.rmtree(where, ignore_errors=True)
 
 
@@ -297,7 +321,8 @@ def _part_b(args: argparse.Namespace, services: ServicesConfig, state: Path) -> 
     )
     print(
         f"{'variant':>14} {'requests':>9} {'renders':>8} {'plain':>7} {'recall':>8}"
-        f" {'x recall':>9} {'CPU s/page':>11} {'x fewer':>8}"
+        f" {'x recall':>9} {'CPU s/page':>11} {'x fewer':>8} {'after warm-up':>14}"
+        f" {'x fewer':>8}"
     )
     medians = {v: _medians(r) for v, r in results.items()}
     only = medians["browser-only"]
@@ -306,6 +331,8 @@ def _part_b(args: argparse.Namespace, services: ServicesConfig, state: Path) -> 
             f"{variant:>14} {m['requests']:>9.0f} {m['renders']:>8.0f} {m['plain_share']:>7.1%}"
             f" {m['recall']:>8.2%} {m['recall'] / only['recall']:>9.3f}"
             f" {m['cpu_per_page']:>11.4f} {only['cpu_per_page'] / m['cpu_per_page']:>8.2f}"
+            f" {m['warm_cpu_per_page']:>14.4f}"
+            f" {only['warm_cpu_per_page'] / m['warm_cpu_per_page']:>8.2f}"
         )
     print()
 
