@@ -109,12 +109,12 @@ _DOWNLOADER_MIDDLEWARES = {
 # start_urls and start() seed the fleet once, not once per node; first after the engine.
 # the guard next to the spider: it hears a callback's exception before any middleware of the
 # project can swallow it
-# Adaptive rendering's samples next to it: what a callback yielded, before anything else
-# sees it (project/rendering/samples.py).
+# Adaptive rendering's samples after Scrapy's DepthMiddleware (900): a sample's twin keeps its
+# page's depth (project/rendering/samples.py).
 _SPIDER_MIDDLEWARES = {
     FleetStartMiddleware: 10,
     RevisitLinksMiddleware: 20,
-    AdaptiveSamples: 980,
+    AdaptiveSamples: 890,
     RevisitParseGuard: 990,
 }
 

@@ -20,6 +20,7 @@ from scrapy.utils.test import get_crawler
 
 from project.frontier.queue import StepBatch
 from project.items import ProductItem
+from project.monitoring.status import render_patterns
 from project.rendering.evidence import agree, path_template, pattern_key, summarize
 from project.rendering.middleware import RenderingMiddleware
 from project.rendering.plan import (
@@ -57,6 +58,8 @@ _ADAPTIVE = {"PLAYWRIGHT_ADAPTIVE": True}
         ("https://shop.test/product/123?ref=home#x", "/product/{n}"),
         ("https://shop.test/p/sku-000123/reviews", "/p/sku-{n}/reviews"),
         ("https://shop.test/item/5f2b9c0e8d1a4b7c9e3f", "/item/{id}"),
+        ("https://shop.test/product/blue-cotton-shirt", "/product/{slug}"),
+        ("https://shop.test/category/shoes", "/category/shoes"),
         ("https://shop.test/", "/"),
         ("https://shop.test/a/b/c/d/e/f/g/h/i", "/a/b/c/d/e/f/{...}"),
         ("https://shop.test/" + "x" * 5000, "/{id}"),
@@ -250,6 +253,33 @@ def test_the_fleet_keeps_a_bounded_number_of_patterns(
         assert json.loads(redis_client.hget(keys.render, "s\t/p0\tparse"))["a"] == 2
 
     run(redis_url, keys, scenario)
+
+
+def test_hostile_records_cost_the_fleet_nothing(
+    redis_url: str, redis_client: redis.Redis, keys: FrontierKeys
+) -> None:
+    """Anyone may write Redis: a record that is not one is made again by the next outcome,
+    and status and the nodes read what they can of the rest."""
+    redis_client.hset(keys.render, "s\t/p\tparse", '{"h": 5, "a": "x"}')
+    redis_client.hset(keys.render, "s\t/q\tparse", '{"mode": "[/]", "a": "x", "m": 1e999}')
+    redis_client.hset(keys.render, "junk", "not json")
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        result = await a.step(
+            StepBatch(render=[_told("s\t/p\tparse", "m")], render_options=_options(), seq=5)
+        )
+        changed = json.loads(result.render[1])
+        assert changed["s\t/p\tparse"][:3] == [MODE_BROWSER, 0, 1]
+        plan = _plan()
+        plan.apply(result.render)
+        plan.apply((result.render[0] + 1, b'{"k": ["http", "x", 1e999, null, [1, "a"]]}', False))
+        assert plan.patterns["k"] == Pattern(MODE_HTTP, 0, 0, -1, ("a",))
+
+    run(redis_url, keys, scenario)
+    view = render_patterns(redis_client.hgetall(keys.render))
+    assert view["count"] == 2
+    hostile = next(p for p in view["patterns"] if p["template"] == "/q")
+    assert (hostile["mode"], hostile["agreed"], hostile["missed"]) == ("learn", 0, 0)
 
 
 # -- crawls of the mixed site ------------------------------------------------------------

@@ -484,13 +484,13 @@ class FrontierLoop:
                 self._count("sessions/retired", result.retired)
             if result.sites_forgotten:
                 self._count("sessions/sites_forgotten", result.sites_forgotten)
+        wake = result.next_wake_ms
+        self._next_wake = None if wake is None else time.monotonic() + wake / 1000
+        count_step(self.stats, batch, result)
         if self.render_plan is not None and batch.render_options is not None:
             self.render_plan.apply(result.render)
             if result.patterns_forgotten:
                 self._count("render/adaptive/forgotten", result.patterns_forgotten)
-        wake = result.next_wake_ms
-        self._next_wake = None if wake is None else time.monotonic() + wake / 1000
-        count_step(self.stats, batch, result)
         if batch.start is not None:
             self.claim.settled(batch.start, result.start_held)
         # Only now, with the step known to have run, drop what it carried.

@@ -332,8 +332,8 @@ def _rendering(rendering: dict[str, Any]) -> RenderableType:
         table.add_column(name, justify="right" if name in ("agreed", "missed") else "left")
     for row in rendering["patterns"][:20]:
         table.add_row(
-            _cell(row["site"]), _cell(row["template"]), _cell(row["callback"]), row["mode"],
-            str(row["agreed"]), str(row["missed"]),
+            _cell(row["site"]), _cell(row["template"]), _cell(row["callback"]),
+            _cell(row["mode"]), str(row["agreed"]), str(row["missed"]),
         )  # fmt: skip
     return table
 

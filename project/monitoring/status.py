@@ -43,6 +43,7 @@ __all__ = [
     "priority_bands",
     "read_dead_letters",
     "redact_dead_letter",
+    "render_patterns",
     "site_table",
 ]
 
@@ -725,14 +726,15 @@ def render_patterns(raw: dict[Any, Any]) -> dict[str, Any]:
             continue
         if not isinstance(record, dict):
             continue
+        mode = record.get("mode")
         patterns.append(
             {
                 "site": site,
                 "template": template,
                 "callback": callback,
-                "mode": str(record.get("mode", "learn")),
-                "agreed": int(record.get("a") or 0),
-                "missed": int(record.get("m") or 0),
+                "mode": mode if mode in ("learn", "http", "browser") else "learn",
+                "agreed": _int(record.get("a")),
+                "missed": _int(record.get("m")),
             }
         )
     patterns.sort(key=lambda p: (-(p["agreed"] + p["missed"]), p["site"], p["template"]))

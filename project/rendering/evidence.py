@@ -40,6 +40,8 @@ _DEEPEST = 8
 _WIDEST = 100
 _LONGEST = 20_000
 _DIGITS = re.compile(r"\d+")
+_WORDS = re.compile(r"[-_+. ]+|%20")
+_SLUG_WORDS = 3
 _HEXLIKE = re.compile(r"^(?=.*\d)[0-9a-fA-F-]{16,}$")
 _NUMBER = re.compile(r"\d[\d,.\u00a0 ]*\d|\d")
 _SPACE = re.compile(r"\s+")
@@ -59,7 +61,8 @@ def callback_name(request: Request) -> str:
 
 def path_template(url: str) -> str:
     """*url*'s path with what varies page to page left out: digit runs become ``{n}``, ids
-    and very long segments ``{id}``; the query is not part of it."""
+    and very long segments ``{id}``, slugs of three words or more ``{slug}``; the query is
+    not part of it."""
     try:
         path = urlsplit(url).path or "/"
     except ValueError:
@@ -69,6 +72,8 @@ def path_template(url: str) -> str:
     for segment in segments[1 : _MOST_SEGMENTS + 1]:
         if _HEXLIKE.match(segment) or len(segment) > _LONG_SEGMENT:
             out.append("{id}")
+        elif len(_WORDS.split(segment)) >= _SLUG_WORDS:
+            out.append("{slug}")  # /product/blue-cotton-shirt: one template, not one a page
         else:
             out.append(_DIGITS.sub("{n}", segment))
     if len(segments) > _MOST_SEGMENTS + 1:

@@ -26,7 +26,7 @@ from project.rendering.config import RenderingConfig
 from project.rendering.wire import ABORT_META_KEY, WAIT_FOR_META_KEY
 
 if TYPE_CHECKING:
-    from playwright.async_api import Page
+    from playwright.async_api import Page, Route
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -40,6 +40,10 @@ _PLAYWRIGHT_LOGGER = logging.getLogger("scrapy-playwright")
 _PAGE_USES = 100
 #: Seconds between two looks at the browser's memory (PLAYWRIGHT_MAX_RSS).
 _MEMORY_EVERY = 10.0
+#: Page methods whose effect outlives the render: their page is closed after it.
+_STATEFUL_METHODS = frozenset(
+    {"set_extra_http_headers", "set_viewport_size", "emulate_media", "go_back", "go_forward"}
+)
 #: Meta of a request whose page scrapy-playwright hands out or dresses: never reused.
 _OWN_PAGE_META = (
     "playwright_include_page",
@@ -51,6 +55,11 @@ _OWN_PAGE_META = (
 #: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS:
 #: Playwright's Error is also the class of its TimeoutError and TargetClosedError.
 RENDER_RETRY_EXCEPTIONS = ("playwright.async_api.Error",)
+
+
+async def _abort_route(route: Route) -> None:
+    with contextlib.suppress(PlaywrightError):
+        await route.abort()
 
 
 class RenderTimeoutError(DownloadTimeoutError):
@@ -82,7 +91,7 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         self._uses: WeakKeyDictionary[Page, int] = WeakKeyDictionary()
         self._rendering = 0
         self._memory_checked = 0.0
-        self._page_lock = asyncio.Lock()
+        self._page_locks: dict[str, asyncio.Lock] = {}
         #: Set when a page is parked or closed: a request waiting for one looks again.
         self._page_freed = asyncio.Event()
         #: Cleared while the browser is recycled: no render starts until it is back.
@@ -91,7 +100,14 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
 
     @staticmethod
     def _reusable(request: Request) -> bool:
-        return not any(request.meta.get(key) for key in _OWN_PAGE_META)
+        """A page a render leaves as it found it: none of its own, and no page method that
+        changes the page for the next render (headers, viewport, media, history)."""
+        if any(request.meta.get(key) for key in _OWN_PAGE_META):
+            return False
+        methods = request.meta.get("playwright_page_methods") or ()
+        if isinstance(methods, dict):
+            methods = methods.values()
+        return not any(getattr(m, "method", None) in _STATEFUL_METHODS for m in methods)
 
     async def _create_page(self, request: Request, spider: Spider) -> Page:
         """An idle page of the request's context, else a new one (scrapy-playwright's).
@@ -103,18 +119,22 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         await self._browser_ready.wait()
         name = request.meta.setdefault("playwright_context", DEFAULT_CONTEXT_NAME)
         reusable = self._reusable(request)
-        async with self._page_lock:
+        async with self._page_locks.setdefault(name, asyncio.Lock()):
             while True:
-                idle = [page for page in self._idle.get(name, ()) if not page.is_closed()]
+                idle = [
+                    p for p in self._idle.get(name, ()) if p in self._uses and not p.is_closed()
+                ]
                 self._idle[name] = idle
                 if reusable and idle:
                     parked = idle.pop()
                     self._count_idle()
-                    with contextlib.suppress(PlaywrightError):
-                        await parked.unroute("**")  # the last render's; this one routes anew
-                        self.stats.inc_value("playwright/page_reused")
-                        return parked
-                    continue
+                    try:
+                        await parked.unroute("**")  # the parked page's; this render routes anew
+                    except PlaywrightError:
+                        await self._close_page(parked)
+                        continue
+                    self.stats.inc_value("playwright/page_reused")
+                    return parked
                 wrapper = self.context_wrappers.get(name)
                 if wrapper is None or not wrapper.semaphore.locked():
                     break
@@ -142,7 +162,7 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         self.stats.set_value("playwright/page_count/idle", idle)
 
     def _crashed(self, page: Page) -> None:
-        self._uses.pop(page, None)  # never parked again
+        self._uses.pop(page, None)  # never parked or handed out again
 
     def _closed(self, page: Page) -> None:
         self._page_freed.set()  # its permit is free
@@ -191,6 +211,13 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         if uses + 1 >= _PAGE_USES or not self._browser_ready.is_set():
             await self._close_page(page)
             return
+        try:
+            # what the last document still asks for (timers, polls) goes nowhere while parked
+            await page.unroute("**")
+            await page.route("**", _abort_route)
+        except PlaywrightError:
+            await self._close_page(page)
+            return
         self._uses[page] = uses + 1
         name = request.meta.get("playwright_context", DEFAULT_CONTEXT_NAME)
         self._idle.setdefault(name, []).append(page)
@@ -204,7 +231,11 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         if not self.max_memory or now - self._memory_checked < _MEMORY_EVERY:
             return
         self._memory_checked = now
-        if not self._browser_ready.is_set() or not hasattr(self, "browser"):
+        if (
+            not self._browser_ready.is_set()
+            or not hasattr(self, "browser")
+            or not self.config.restart_disconnected_browser
+        ):
             return
         used = await asyncio.to_thread(browser_memory)
         if used <= self.max_memory:
@@ -225,6 +256,12 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
             self.stats.inc_value("playwright/browser_recycled")
             with contextlib.suppress(PlaywrightError):
                 await self.browser.close()
+            while hasattr(self, "browser"):  # scrapy-playwright's disconnect callback
+                await asyncio.sleep(0.01)
+            # the contexts of PLAYWRIGHT_CONTEXTS come back as configured
+            for name, kwargs in (self.config.startup_context_kwargs or {}).items():
+                with contextlib.suppress(PlaywrightError):
+                    await self._create_browser_context(name=name, context_kwargs=kwargs)
         finally:
             self._browser_ready.set()
 

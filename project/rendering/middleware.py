@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy.http.request import NO_CALLBACK
 from scrapy_playwright.page import PageMethod
 
 from project.rendering.config import RenderingConfig, parse_render_rules
@@ -88,7 +89,7 @@ class RenderingMiddleware:
         if render is None:
             rule = self.match(request.url)
             if rule is None:
-                if self.plan is None or request.method != "GET" or not self._adapt(request):
+                if not self._adaptable(request) or not self._adapt(request):
                     return
                 added += ["playwright", ADAPTIVE_META_KEY]
             else:
@@ -127,6 +128,16 @@ class RenderingMiddleware:
                 added += [key for key in previous if isinstance(key, str)]
             meta[RULE_META_KEY] = sorted(set(added))
 
+    def _adaptable(self, request: Request) -> bool:
+        """A GET a callback of the spider parses: not robots.txt, nor another download that
+        goes back to a component (``NO_CALLBACK``)."""
+        return (
+            self.plan is not None
+            and request.method == "GET"
+            and request.callback is not NO_CALLBACK
+            and not request.url.endswith("/robots.txt")
+        )
+
     def _adapt(self, request: Request) -> bool:
         """Set the request's adaptive role; True when it goes to the browser."""
         assert self.plan is not None
@@ -148,7 +159,8 @@ class RenderingMiddleware:
         """Put *rule*'s page methods, wait and aborts on a request; the meta keys it set."""
         added = []
         methods = [PageMethod(m.method, *m.args, **m.kwargs) for m in rule.page_methods]
-        if rule.wait_for is not None and "playwright_page_goto_kwargs" not in meta:
+        own = "playwright_page_goto_kwargs" in meta or "playwright_page_methods" in meta
+        if rule.wait_for is not None and not own:
             # the page's own load event is not waited for: the rule's selector is enough
             meta["playwright_page_goto_kwargs"] = {"wait_until": "domcontentloaded"}
             methods.insert(0, PageMethod("wait_for_selector", rule.wait_for))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ _THIN_SHARE = 0.5
 _LEARNING_OUT = 3
 #: Seconds after which a node stops waiting for its samples' answer (a twin dead-lettered).
 _SAMPLE_PATIENCE = 60.0
+_MOST_OUT = 10_000
 #: Patterns the fleet keeps (a site that makes a template per page must not grow Redis
 #: without end), and how long one with no sample is kept.
 MOST_PATTERNS = 2000
@@ -93,7 +95,8 @@ class RenderPlan:
         self.full = False
         self._draw = draw
         self._entries: list[tuple[str, str, str]] = []
-        self._out: dict[str, tuple[int, float]] = {}  # samples out while learning, since
+        #: samples out while learning, and since when (bounded: _MOST_OUT patterns)
+        self._out: dict[str, tuple[int, float]] = {}
 
     def decide(self, key: str) -> str:
         """The role of the next fetch of pattern *key*: ROLE_SAMPLE, ROLE_HTTP or ROLE_BROWSER."""
@@ -106,6 +109,8 @@ class RenderPlan:
             now = time.monotonic()
             if out >= _LEARNING_OUT and now - since < _SAMPLE_PATIENCE:
                 return ROLE_BROWSER
+            if len(self._out) >= _MOST_OUT:
+                self._out.clear()  # patterns the fleet never answered for (it is full)
             self._out[key] = (0 if out >= _LEARNING_OUT else out) + 1, now
             return ROLE_SAMPLE
         share = max(RECHECK_SHARE, _THIN_SHARE / (1 + pattern.samples))
@@ -168,10 +173,12 @@ class RenderPlan:
         before = self.patterns.get(key)
         pattern = Pattern(
             mode=mode if mode in (MODE_LEARN, MODE_HTTP, MODE_BROWSER) else MODE_LEARN,
-            agree=int(agree),
-            miss=int(miss),
-            items=int(items),
-            fields=tuple(fields) if isinstance(fields, list) else (),
+            agree=_count(agree),
+            miss=_count(miss),
+            items=_count(items, -1),
+            fields=tuple(f for f in fields if isinstance(f, str))
+            if isinstance(fields, list)
+            else (),
         )
         self.patterns[key] = pattern
         self._out.pop(key, None)
@@ -185,6 +192,15 @@ class RenderPlan:
                     pattern.agree,
                     pattern.miss,
                 )
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A count of the fleet's record (anyone may write Redis: not a number is *default*)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    if not math.isfinite(value):
+        return default
+    return int(max(-1, min(value, 2**31)))
 
 
 _PLANS: WeakKeyDictionary[Crawler, RenderPlan | None] = WeakKeyDictionary()

@@ -16,8 +16,16 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.spidermiddlewares.httperror import HttpError
 
-from project.frontier.meta import NODE_LOCAL_META_KEYS, REVISIT_META_KEY
+from project.frontier.meta import (
+    NODE_LOCAL_META_KEYS,
+    REVISIT_META_KEY,
+    SESSION_META_KEY,
+    SESSION_OWNED_HEADERS,
+    SESSION_OWNED_META,
+)
 from project.rendering.evidence import agree, summarize
 from project.rendering.plan import ROLE_HTTP, ROLE_SAMPLE, plan_of
 from project.rendering.wire import ADAPTIVE_META_KEY, RULE_META_KEY, TWIN_META_KEY
@@ -93,11 +101,34 @@ class AdaptiveSamples:
         for thing in self._settle(response, output):
             yield thing
 
+    def process_spider_exception(
+        self, response: Response, exception: Exception, spider: Spider | None = None
+    ) -> list[Any] | None:
+        """A twin the browser answered with an error (HttpErrorMiddleware's HttpError): its
+        page is fetched plainly once more, and that fetch's output is kept."""
+        if (
+            isinstance(exception, HttpError)
+            and self._held(response)
+            and TWIN_META_KEY in response.meta
+            and response.request is not None
+        ):
+            self.plan.stats.inc_value("render/adaptive/twin_failed")
+            return [self._plain_again(response.request)]
+        return None
+
     @staticmethod
     def _held(response: Response) -> bool:
         meta = response.meta
-        if TWIN_META_KEY in meta:
-            return "playwright" in response.flags
+        twin = meta.get(TWIN_META_KEY)
+        if twin is not None:
+            # a twin, not a request that copied its page's meta (meta=response.meta)
+            request = response.request
+            return (
+                isinstance(twin, dict)
+                and request is not None
+                and twin.get("u") == request.url
+                and "playwright" in response.flags
+            )
         adaptive = meta.get(ADAPTIVE_META_KEY)
         return (
             isinstance(adaptive, dict)
@@ -107,18 +138,26 @@ class AdaptiveSamples:
 
     def _settle(self, response: Response, output: list[Any]) -> list[Any]:
         stats = self.plan.stats
-        if not 200 <= response.status < 300:
-            stats.inc_value("render/adaptive/no_evidence")
-            return output  # an error page tells nothing of what the page needs
         meta = response.meta
         twin = meta.get(TWIN_META_KEY)
+        if not 200 <= response.status < 300:
+            stats.inc_value("render/adaptive/no_evidence")
+            if twin is not None and response.request is not None:
+                # the browser failed where the plain fetch answered: that one is kept
+                stats.inc_value("render/adaptive/twin_failed")
+                return [*output, self._plain_again(response.request)]
+            return output  # an error page tells nothing of what the page needs
         if twin is not None:
-            if isinstance(twin, dict) and isinstance(twin.get("p"), dict):
+            if isinstance(twin.get("p"), dict):
                 browser = summarize(response.url, output, self.ignore_fields)
                 self.plan.told(str(twin.get("k")), agree(twin["p"], browser), browser)
             return output
         key, role = meta[ADAPTIVE_META_KEY]["k"], meta[ADAPTIVE_META_KEY]["r"]
         plain = summarize(response.url, output, self.ignore_fields)
+        if not isinstance(response, HtmlResponse):
+            # JSON, XML, text: no browser builds them; what it yielded is the page
+            self.plan.told(key, True, plain)
+            return output
         why = "sample"
         if role == ROLE_HTTP:
             if not self.plan.looks_short(key, plain):
@@ -129,18 +168,39 @@ class AdaptiveSamples:
         return [self._twin(response.request, key, plain, why)]
 
     @staticmethod
-    def _twin(request: Request | None, key: str, plain: dict[str, Any], why: str) -> Request:
-        assert request is not None
+    def _copy_meta(request: Request) -> dict[str, Any]:
+        """The page's meta for another fetch of it: not the download's own, nor what a
+        session put on it (the other fetch gets a session of its own)."""
         meta = request.meta
         listed = meta.get(RULE_META_KEY)
         dropped = _NOT_COPIED | set(listed if isinstance(listed, list) else ())
-        twin_meta = {k: v for k, v in meta.items() if k not in dropped}
+        if meta.get(SESSION_META_KEY):
+            dropped |= SESSION_OWNED_META
+        return {k: v for k, v in meta.items() if k not in dropped}
+
+    def _plain_again(self, request: Request) -> Request:
+        """The page of a failed twin, fetched plainly once more; its output is kept."""
+        meta = self._copy_meta(request)
+        meta.pop(TWIN_META_KEY, None)
+        meta["playwright"] = False
+        again = request.replace(meta=meta, dont_filter=True)
+        self._strip_headers(request, again)
+        return again
+
+    @staticmethod
+    def _strip_headers(request: Request, copy: Request) -> None:
+        owned = SESSION_OWNED_HEADERS if request.meta.get(SESSION_META_KEY) else frozenset()
+        for header in (*_CONDITIONAL, *owned):
+            copy.headers.pop(header, None)
+
+    def _twin(self, request: Request | None, key: str, plain: dict[str, Any], why: str) -> Request:
+        assert request is not None
+        twin_meta = self._copy_meta(request)
         twin_meta["playwright"] = True
-        twin_meta[TWIN_META_KEY] = {"k": key, "p": plain, "w": why}
+        twin_meta[TWIN_META_KEY] = {"k": key, "p": plain, "w": why, "u": request.url}
         # ahead of the queue: the pattern's other pages wait for its verdict (in the browser)
         twin = request.replace(
             meta=twin_meta, dont_filter=True, priority=request.priority + _TWIN_PRIORITY
         )
-        for header in _CONDITIONAL:
-            twin.headers.pop(header, None)
+        self._strip_headers(request, twin)
         return twin

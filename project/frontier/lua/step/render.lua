@@ -38,6 +38,17 @@ do
         return 'learn'
     end
 
+    -- a pattern's record, or nil when what is stored is not one (anyone may write Redis)
+    local function record(raw)
+        local ok, p = pcall(cjson.decode, raw)
+        if not ok or type(p) ~= 'table' or type(p.h) ~= 'string' or type(p.a) ~= 'number'
+                or type(p.m) ~= 'number' or type(p.i) ~= 'number'
+                or type(p.f) ~= 'table' then
+            return nil
+        end
+        return p
+    end
+
     local function bump(pattern, now)
         local version = tonumber(redis.call('GET', K.render .. ':v') or 0)
         version = math.max(now, version + 1)
@@ -52,27 +63,32 @@ do
             local i = sec.at + e * sec.width
             local pattern, outcome = ARGV[i + sec.pattern], ARGV[i + sec.outcome]
             local raw = redis.call('HGET', K.render, pattern)
+            local p = raw and record(raw)
+            if not p then raw = false end -- a record that is not one is made again
             if (outcome == 'a' or outcome == 'm')
                     and (raw or redis.call('HLEN', K.render) < o.most) then
-                local p = raw and cjson.decode(raw) or {h = '', a = 0, m = 0, i = -1, f = {}}
+                p = p or {h = '', a = 0, m = 0, i = -1, f = {}}
                 local ok, data = pcall(cjson.decode, ARGV[i + sec.data])
                 if not ok or type(data) ~= 'table' then data = {} end
                 local items = tonumber(data.i) or 0
                 local fields = type(data.f) == 'table' and data.f or {}
                 p.h = string.sub(p.h .. outcome, -HISTORY)
                 if outcome == 'a' then p.a = p.a + 1 else p.m = p.m + 1 end
-                -- what a browser render of the pattern always yields: a plain page that
+                -- what a browser render of the pattern yields when it yields anything (an
+                -- empty page, a soft 404, says nothing of the others): a plain page that
                 -- yields less is looked at again (project/rendering/plan.py)
-                p.i = p.i < 0 and items or math.min(p.i, items)
-                if raw then
+                if items <= 0 or items ~= items then
+                    -- nothing to learn of its items
+                elseif p.i <= 0 then
+                    p.i, p.f = items, fields
+                elseif raw then
+                    p.i = math.min(p.i, items)
                     local keep, common = {}, {}
                     for _, f in ipairs(fields) do keep[f] = true end
                     for _, f in ipairs(p.f) do
                         if keep[f] then common[#common + 1] = f end
                     end
                     p.f = common
-                else
-                    p.f = fields
                 end
                 p.t = now
                 p.mode = mode_of(p.h)
@@ -88,9 +104,8 @@ do
                                    '(' .. tostring(o.known), '+inf')
         local out = {}
         for _, pattern in ipairs(changed) do
-            local raw = redis.call('HGET', K.render, pattern)
-            if raw then
-                local p = cjson.decode(raw)
+            local p = record(redis.call('HGET', K.render, pattern) or '')
+            if p then
                 out[pattern] = {p.mode, p.a, p.m, p.i, p.f}
             else
                 out[pattern] = false -- forgotten
