@@ -152,8 +152,8 @@ def test_a_learning_pattern_is_sampled_then_rendered_until_the_fleet_answers() -
 
 
 def test_a_settled_pattern_is_sampled_again_more_while_its_evidence_is_thin() -> None:
-    plan = _plan(draw=0.1)
-    plan.patterns["thin"] = Pattern(MODE_HTTP, agree=3)  # share 1/8
+    plan = _plan(draw=0.05)
+    plan.patterns["thin"] = Pattern(MODE_HTTP, agree=3)  # share 1/16
     plan.patterns["proven"] = Pattern(MODE_BROWSER, agree=0, miss=60)  # share 3 %
     assert plan.decide("thin") == ROLE_SAMPLE
     assert plan.decide("proven") == ROLE_BROWSER

@@ -50,9 +50,9 @@ MODE_LEARN, MODE_HTTP, MODE_BROWSER = "learn", "http", "browser"
 ROLE_SAMPLE, ROLE_HTTP, ROLE_BROWSER = "sample", "http", "browser"
 
 #: The share of a settled pattern's fetches sampled again: at least RECHECK_SHARE, and
-#: 0.5 / (1 + samples) while it has few samples (12 % after the three that settle it).
+#: 0.25 / (1 + samples) while it has few samples (6 % after the three that settle it).
 RECHECK_SHARE = 0.03
-_THIN_SHARE = 0.5
+_THIN_SHARE = 0.25
 #: Samples of a learning pattern one node has out before the fleet answered; its other
 #: fetches meanwhile go to the browser (nothing lost while nothing is known).
 _LEARNING_OUT = 3
