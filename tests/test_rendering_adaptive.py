@@ -21,6 +21,7 @@ from scrapy.utils.test import get_crawler
 from project.frontier.queue import StepBatch
 from project.items import ProductItem
 from project.monitoring.status import render_patterns
+from project.rendering.browser import child_processes
 from project.rendering.evidence import agree, path_template, pattern_key, summarize
 from project.rendering.middleware import RenderingMiddleware
 from project.rendering.plan import (
@@ -385,12 +386,10 @@ def test_a_browser_killed_mid_render_costs_no_page(fleet: Fleet, make_shop, mong
 
 
 def _kill_browsers(root: int) -> list[int]:
-    from project.rendering.browser import _children
-
-    todo, killed = _children(str(root)), []
+    todo, killed = child_processes(str(root)), []
     while todo:
         pid = todo.pop()
-        todo += _children(pid)
+        todo += child_processes(pid)
         try:
             with open(f"/proc/{pid}/comm") as comm:
                 name = comm.read().strip()

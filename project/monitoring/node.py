@@ -11,7 +11,6 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
@@ -22,11 +21,13 @@ from project.config import read_settings, setting
 from project.frontier import lua
 from project.frontier.config import DEFAULT_REDIS_URL, FrontierConfig
 from project.frontier.keys import FrontierKeys
+from project.rendering.browser import child_processes
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
     from typing import Self
 
     import redis.asyncio
@@ -103,22 +104,13 @@ def _rss(pid: str) -> int:
     return 0  # a zombie has no VmRSS
 
 
-def _children(pid: str) -> list[str]:
-    found: list[str] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += (task / "children").read_text().split()
-    return found
-
-
 def process_memory() -> tuple[int, int]:
     """Resident memory of this process and of all its descendants (browsers), in bytes."""
     try:
         own = _rss("self")
     except OSError:
         return 0, 0
-    total, todo, done = 0, _children(str(os.getpid())), set()
+    total, todo, done = 0, child_processes(str(os.getpid())), set()
     while todo:
         pid = todo.pop()
         if pid in done:
@@ -126,7 +118,7 @@ def process_memory() -> tuple[int, int]:
         done.add(pid)
         with contextlib.suppress(OSError, ValueError):
             total += _rss(pid)
-        todo += _children(pid)
+        todo += child_processes(pid)
     return own, total
 
 

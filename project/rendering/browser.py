@@ -28,6 +28,7 @@ __all__ = [
     "abort_heavy_request",
     "abort_types",
     "browser_memory",
+    "child_processes",
     "chromium_sandboxed",
     "use_system_chromium",
 ]
@@ -135,13 +136,13 @@ def abort_heavy_request(request: PlaywrightRequest) -> bool:
 def browser_memory(root: int | None = None) -> int:
     """Bytes of memory of the browsers under process *root* (this one): the proportional
     set size (shared pages counted once) of every descendant but Playwright's driver."""
-    todo, total, seen = _children(str(root or os.getpid())), 0, set()
+    todo, total, seen = child_processes(str(root or os.getpid())), 0, set()
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        todo += _children(pid)
+        todo += child_processes(pid)
         with contextlib.suppress(OSError, ValueError, IndexError):
             if Path(f"/proc/{pid}/comm").read_text().strip() == "node":
                 continue  # Playwright's driver: it stays when the browser goes
@@ -152,7 +153,8 @@ def browser_memory(root: int | None = None) -> int:
     return total
 
 
-def _children(pid: str) -> list[str]:
+def child_processes(pid: str) -> list[str]:
+    """The ids of *pid*'s child processes, from /proc (none when it is gone)."""
     found: list[str] = []
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
