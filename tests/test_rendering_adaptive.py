@@ -323,7 +323,7 @@ def _patterns(fleet: Fleet) -> dict[str, dict[str, Any]]:
 def test_two_nodes_learn_the_mixed_site_and_store_every_product_as_the_browser_finds_it(
     fleet: Fleet, make_shop, mongo
 ) -> None:
-    shop = make_shop(mixed=90, mixed_js_share=0.3, mixed_deal_share=0.3, mixed_switch_after=10)
+    shop = make_shop(mixed=150, mixed_js_share=0.3, mixed_deal_share=0.3, mixed_switch_after=10)
     expected = shop.mixed_expected()["products"]
     _start(fleet)
     _start(fleet)
@@ -340,9 +340,9 @@ def test_two_nodes_learn_the_mixed_site_and_store_every_product_as_the_browser_f
     assert patterns["/mixed/deal/{n}"]["mode"] == MODE_BROWSER
     assert patterns["/mixed/deal/{n}"]["missed"] >= 1
     # static pages settled on plain HTTP: those fetched after it went without a browser
-    shelves, plain, rendered = _plain_and_rendered(shop, "shelf")
-    assert plain > patterns["/mixed/shelf/{n}"]["agreed"]
-    assert rendered < shelves
+    renders = shop.stats()["mixed_renders"]
+    shelves = [p for p in shop.stats()["mixed_hits"] if p.startswith("/mixed/shelf/")]
+    assert [p for p in shelves if not renders.get(p)], "no static page went plainly"
     stats = [fleet.stats(i) for i in (0, 1)]
     assert sum(s.get("render/adaptive/http", 0) for s in stats) > 0
     assert sum(s.get("render/adaptive/agreed", 0) for s in stats) >= 3

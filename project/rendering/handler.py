@@ -40,6 +40,9 @@ _PLAYWRIGHT_LOGGER = logging.getLogger("scrapy-playwright")
 _PAGE_USES = 100
 #: Seconds between two looks at the browser's memory (PLAYWRIGHT_MAX_RSS).
 _MEMORY_EVERY = 10.0
+#: Seconds a recycled browser runs at least: one whose baseline is past the bound (a
+#: persistent context it does not close) is not recycled over and over.
+_RECYCLE_EVERY = 60.0
 #: Page methods whose effect outlives the render: their page is closed after it.
 _STATEFUL_METHODS = frozenset(
     {"set_extra_http_headers", "set_viewport_size", "emulate_media", "go_back", "go_forward"}
@@ -91,6 +94,8 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         self._uses: WeakKeyDictionary[Page, int] = WeakKeyDictionary()
         self._rendering = 0
         self._memory_checked = 0.0
+        self._recycled_at = -_RECYCLE_EVERY
+        self._watch_task: asyncio.Task[None] | None = None
         self._page_locks: dict[str, asyncio.Lock] = {}
         #: Set when a page is parked or closed: a request waiting for one looks again.
         self._page_freed = asyncio.Event()
@@ -192,6 +197,10 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
             raise RenderTimeoutError(
                 f"Rendering {request.url} took longer than {bound:g} seconds."
             ) from exc
+        except Exception:
+            # a browser that grows until its renders fail is recycled all the same
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_memory())
+            raise
         finally:
             self._rendering -= 1
             if reuse:
@@ -228,7 +237,11 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         """Past PLAYWRIGHT_MAX_RSS, the browser closes once its renders end, and the next
         render launches it again; its pages' requests wait meanwhile, none is lost."""
         now = time.monotonic()
-        if not self.max_memory or now - self._memory_checked < _MEMORY_EVERY:
+        if (
+            not self.max_memory
+            or now - self._memory_checked < _MEMORY_EVERY
+            or now - self._recycled_at < _RECYCLE_EVERY
+        ):
             return
         self._memory_checked = now
         if (
@@ -254,6 +267,7 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
             self._count_idle()
             self._uses.clear()
             self.stats.inc_value("playwright/browser_recycled")
+            self._recycled_at = time.monotonic()
             with contextlib.suppress(PlaywrightError):
                 await self.browser.close()
             while hasattr(self, "browser"):  # scrapy-playwright's disconnect callback
