@@ -89,9 +89,14 @@ class RenderingMiddleware:
         if render is None:
             rule = self.match(request.url)
             if rule is None:
-                if not self._adaptable(request) or not self._adapt(request):
+                if not self._adaptable(request):
                     return
-                added += ["playwright", ADAPTIVE_META_KEY]
+                added.append(ADAPTIVE_META_KEY)
+                if not self._adapt(request):
+                    # over plain HTTP (a sample's browser twin comes after: samples.py)
+                    _list_added(meta, added)
+                    return
+                added.append("playwright")
             else:
                 meta["playwright"] = True
                 added += ["playwright", *self._apply_rule(rule, meta)]
@@ -123,10 +128,7 @@ class RenderingMiddleware:
                 request,
             )
         if added:
-            previous = meta.get(RULE_META_KEY)
-            if isinstance(previous, list):
-                added += [key for key in previous if isinstance(key, str)]
-            meta[RULE_META_KEY] = sorted(set(added))
+            _list_added(meta, added)
 
     def _adaptable(self, request: Request) -> bool:
         """A GET a callback of the spider parses: not robots.txt, nor another download that
@@ -146,10 +148,6 @@ class RenderingMiddleware:
         self.stats.inc_value(f"render/adaptive/{role}")
         request.meta[ADAPTIVE_META_KEY] = {"k": key, "r": role}
         if role != ROLE_BROWSER:
-            # over plain HTTP (a sample's browser twin comes after: project/rendering/samples.py)
-            previous = request.meta.get(RULE_META_KEY)
-            keys = [ADAPTIVE_META_KEY, *(previous if isinstance(previous, list) else ())]
-            request.meta[RULE_META_KEY] = sorted(set(keys))
             return False
         request.meta["playwright"] = True
         return True
@@ -189,3 +187,11 @@ class RenderingMiddleware:
             return False
         self._warned.add(what)
         return True
+
+
+def _list_added(meta: dict[str, object], added: list[str]) -> None:
+    """List in ``meta[RULE_META_KEY]`` the meta keys the middleware set (left out on the wire)."""
+    previous = meta.get(RULE_META_KEY)
+    if isinstance(previous, list):
+        added = added + [key for key in previous if isinstance(key, str)]
+    meta[RULE_META_KEY] = sorted(set(added))

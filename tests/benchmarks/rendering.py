@@ -51,6 +51,7 @@ from project.ops.services import (
     start_redis,
     stop_service,
 )
+from project.rendering.browser import child_processes
 from tests.site.server import ShopServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,19 +67,12 @@ _WARM_UP = 200
 
 
 def _tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
+    """*root* and all its descendants."""
+    found, todo = [], [str(root)]
     while todo:
         pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
+        found.append(int(pid))
+        todo += child_processes(pid)
     return found
 
 

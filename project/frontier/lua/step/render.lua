@@ -54,7 +54,6 @@ do
         version = math.max(now, version + 1)
         redis.call('SET', K.render .. ':v', version)
         redis.call('ZADD', K.render .. ':changed', version, pattern)
-        return version
     end
 
     function Render.run(sec, now, o)
