@@ -437,7 +437,7 @@ def test_every_config_of_a_node_is_read_from_the_add_ons_settings(
 ) -> None:
     settings = _crawler(redis_url, keyspace).settings
     rendering = RenderingConfig.from_settings(settings)
-    assert (rendering.max_contexts, rendering.max_pages_per_context) == (1, 4)
+    assert (rendering.max_contexts, rendering.max_pages_per_context) == (1, 6)
     assert MongoConfig.from_settings(settings, spider_name="products").database == "fleetcrawl"
     assert MonitorConfig.from_settings(settings).redis_url == redis_url
     assert FrontierKeys.from_settings(settings, "products") == keyspace.keys("products")

@@ -68,14 +68,23 @@ def _fake_chromium(tmp_path: Path) -> str:
 def test_project_settings_render_with_one_bounded_browser(monkeypatch) -> None:
     monkeypatch.delenv("FLEETCRAWL_CHROMIUM", raising=False)
     config = RenderingConfig.from_settings(_project_settings())
-    assert config.chromium_path == "/usr/bin/chromium"
-    assert (config.max_contexts, config.max_pages_per_context) == (1, 4)
+    # Debian's old headless shell when it is installed (deploy/setup.sh installs it)
+    assert config.chromium_path == "/usr/bin/chromium-headless-shell"
+    assert (config.max_contexts, config.max_pages_per_context) == (1, 6)
     assert config.rules == ()
     assert not config.remote
     handlers = _project_settings().getdict("DOWNLOAD_HANDLERS")
     assert {handlers["http"], handlers["https"]} == {
         "project.rendering.handler.BoundedPlaywrightHandler"
     }
+
+
+def test_a_browser_with_a_window_renders_with_the_full_chromium(monkeypatch) -> None:
+    monkeypatch.delenv("FLEETCRAWL_CHROMIUM", raising=False)
+    options = {**_project_settings().getdict("PLAYWRIGHT_LAUNCH_OPTIONS"), "headless": False}
+    del options["executable_path"]  # the add-on's choice for a headless browser
+    settings = _project_settings(PLAYWRIGHT_LAUNCH_OPTIONS=options)
+    assert RenderingConfig.from_settings(settings).chromium_path == "/usr/bin/chromium"
 
 
 def test_chromium_path_setting_beats_environment(monkeypatch, tmp_path) -> None:
@@ -392,11 +401,11 @@ def test_two_nodes_store_javascript_products(fleet: Fleet, make_shop, mongo) -> 
         assert opened == stats.get("playwright/page_count/closed", 0) + stats.get(
             "playwright/page_count/idle", 0
         )
-        assert stats.get("playwright/page_count/max_concurrent", 0) <= 4
+        assert stats.get("playwright/page_count/max_concurrent", 0) <= 6  # the default
         assert stats.get("playwright/browser_count", 0) <= 1
     assert _sum_stat(fleet, "playwright/renders", (0, 1)) == len(js_ids)
-    # pages were reused: at most the 4 of each node's context were opened
-    assert _sum_stat(fleet, "playwright/page_count", (0, 1)) <= 8
+    # pages were reused: at most the 6 (the default) of each node's context were opened
+    assert _sum_stat(fleet, "playwright/page_count", (0, 1)) <= 12
     # images are off in Chromium's renderer: none was even asked for (no /img/ hit above)
     assert _sum_stat(fleet, "playwright/request_count/resource_type/image", (0, 1)) == 0
 
@@ -470,7 +479,7 @@ def test_failed_renders_close_their_pages(fleet: Fleet, make_shop) -> None:
     assert fleet.stat(0, "playwright/page_count") == fleet.stat(
         0, "playwright/page_count/closed"
     ) + (fleet.stat(0, "playwright/page_count/idle") or 0)
-    assert fleet.stat(0, "playwright/page_count/max_concurrent") <= 4
+    assert fleet.stat(0, "playwright/page_count/max_concurrent") <= 6  # the default
     assert log.count("Closing page due to failed request") == 6
 
 

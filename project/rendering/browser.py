@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from scrapy_playwright.handler import Config as PlaywrightConfig
 
 #: Chromium's renderer does not load images (PLAYWRIGHT_ABORT_RESOURCES with ``image``).
-_NO_IMAGES = "--blink-settings=imagesEnabled=false"
+#: Playwright's own blink settings are repeated: Chromium reads the last --blink-settings.
+_NO_IMAGES = (
+    "--blink-settings=imagesEnabled=false,primaryHoverType=2,availableHoverTypes=2,"
+    "primaryPointerType=4,availablePointerTypes=4"
+)
 
 __all__ = [
     "LazyBrowserProvider",

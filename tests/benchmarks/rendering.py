@@ -281,7 +281,7 @@ def _part_a(args: argparse.Namespace, services: ServicesConfig, state: Path, bas
                     run_node(shop, services, state, cwd, **_VARIANTS_A[variant])
                 )
     print(
-        f"(a) {args.js_products} products, all JavaScript; one node (1 context x 4 pages);"
+        f"(a) {args.js_products} products, all JavaScript; one node (1 context x 6 pages, the default);"
         f" medians of {args.runs} runs; {os.cpu_count()} CPUs; today = {args.base}"
     )
     print(
