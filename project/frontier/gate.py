@@ -22,25 +22,36 @@ if TYPE_CHECKING:
 
     from project.frontier.loop import FrontierLoop
 
-__all__ = ["PermitGateMiddleware"]
+__all__ = ["DownloadGate", "PermitGateMiddleware"]
 
 
-class PermitGateMiddleware:
-    """Downloader middleware: a leased request waits for its node's permit."""
+class DownloadGate:
+    """The gate for a download handler: ``await gate.wait(request)`` before the wire."""
 
-    def __init__(self) -> None:
+    def __init__(self, crawler: Crawler) -> None:
         self._loop: FrontierLoop | None = None
-
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        middleware = cls()
-        crawler.signals.connect(middleware._frontier_started, signal=frontier_started)
-        return middleware
+        crawler.signals.connect(self._frontier_started, signal=frontier_started)
 
     def _frontier_started(self, loop: FrontierLoop) -> None:
         self._loop = loop
 
-    async def process_request(self, request: Request) -> None:
-        """Wait until the node may download *request* (at once, unless it stalled)."""
+    async def wait(self, request: Request) -> None:
+        """Return when the node may download *request* (at once, unless it stalled)."""
         if self._loop is not None and request.meta.get(LEASE_META_KEY):
             await self._loop.may_download(request)
+
+
+class PermitGateMiddleware:
+    """Downloader middleware: a leased request waits for its node's permit before it takes a
+    place in Scrapy's download slot."""
+
+    def __init__(self, gate: DownloadGate) -> None:
+        self.gate = gate
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(DownloadGate(crawler))
+
+    async def process_request(self, request: Request) -> None:
+        """Wait until the node may download *request* (at once, unless it stalled)."""
+        await self.gate.wait(request)

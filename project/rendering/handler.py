@@ -21,6 +21,7 @@ from scrapy.exceptions import DownloadTimeoutError
 from scrapy_playwright.handler import DEFAULT_CONTEXT_NAME, ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.page import PageMethod
 
+from project.frontier.gate import DownloadGate
 from project.rendering.browser import abort_types, browser_memory
 from project.rendering.config import RenderingConfig
 from project.rendering.wire import ABORT_META_KEY, WAIT_FOR_META_KEY
@@ -102,6 +103,15 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         #: Cleared while the browser is recycled: no render starts until it is back.
         self._browser_ready = asyncio.Event()
         self._browser_ready.set()
+        self._gate = DownloadGate(crawler)
+
+    async def download_request(self, request: Request, spider: Spider | None = None) -> Response:
+        """Plain or rendered, a leased request goes on the wire only while its node holds a
+        permit for it: a stall can end with it in Scrapy's download slot, past the
+        middleware's gate (project/frontier/gate.py)."""
+        await self._gate.wait(request)
+        response: Response = await super().download_request(request)
+        return response
 
     @staticmethod
     def _reusable(request: Request) -> bool:
