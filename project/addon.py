@@ -42,6 +42,7 @@ from project.frontier.robots import (
 )
 from project.frontier.seen import SeenConfig
 from project.frontier.start import FleetStartMiddleware
+from project.frontier.stopping import NodeStop, StopConfig
 from project.monitoring.node import MonitorConfig, NodeMonitor
 from project.monitoring.statsfile import StatsFile, StatsFileConfig
 from project.rendering.browser import use_system_chromium
@@ -118,7 +119,7 @@ _SPIDER_MIDDLEWARES = {
     RevisitParseGuard: 990,
 }
 
-_EXTENSIONS = {NodeMonitor: 500, StatsFile: 510, RunTracker: 520}
+_EXTENSIONS = {NodeMonitor: 500, StatsFile: 510, RunTracker: 520, NodeStop: 530}
 #: Scrapy 2.19's remote-control server, off on crawler nodes: out of EXTENSIONS_BASE, not
 #: only disabled, because loading its module imports aiohttp (about 0.2 s of every start).
 _REMOTE_CONTROL = "scrapy.extensions.remote_control.RemoteControl"
@@ -182,6 +183,7 @@ def _check(settings: BaseSettings) -> None:
     FrontierConfig.from_settings(settings)
     FrontierKeys.from_settings(settings, "spider")
     RetryConfig.from_settings(settings)
+    StopConfig.from_settings(settings)
     RevisitConfig.from_settings(settings)
     SeenConfig.from_settings(settings)
     RobotsConfig.from_settings(settings)

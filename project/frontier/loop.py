@@ -122,6 +122,8 @@ class FrontierLoop:
         self._held_back = False  # pop() refused to dispatch while no step confirmed the permits
         self._walk_open = True  # the last round trip's walk used every slot it asked for
         self._closing = False
+        #: Asked to stop (project/frontier/stopping.py): nothing more is leased or seeded.
+        self._stopping = False
         self._closed = asyncio.Event()  # set by stop(): sleeps of the I/O task end
         self._wakeup = asyncio.Event()
         self._step_done = asyncio.Event()  # set, and replaced, after each step applied
@@ -262,6 +264,16 @@ class FrontierLoop:
 
     # -- lifecycle -----------------------------------------------------------
 
+    def begin_stop(self) -> None:
+        """The node was asked to stop: lease and seed nothing more from the next round trip
+        on (which gives spare permits back); what is leased goes back when it closes."""
+        self._stopping = True
+        self._wakeup.set()
+
+    def step_age(self) -> float | None:
+        """Seconds since the last round trip was sent; None before the first."""
+        return time.monotonic() - self._last_step if self._last_step else None
+
     def start(self) -> None:
         """Start the I/O task on the running asyncio loop."""
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -368,7 +380,7 @@ class FrontierLoop:
 
     def _seed_want(self) -> int:
         # a node with nothing to do always looks: a seed pushed now is taken at once
-        if self._closing or not (self._seeds_maybe or not self.held):
+        if self._closing or self._stopping or not (self._seeds_maybe or not self.held):
             return 0
         return self.config.seed_batch
 
@@ -425,7 +437,9 @@ class FrontierLoop:
         batch.join_first = self.queue.runs and not config.keep_alive
         if not closing:
             # behind, its store takes no more: it leases nothing, gives spare permits back
-            self.ledger.plan(batch, 0 if self.store_behind else config.batch_max)
+            # asked to stop, it leases nothing more either
+            most = 0 if self.store_behind or self._stopping else config.batch_max
+            self.ledger.plan(batch, most)
         batch.enqueue = self._enqueue[: config.batch_max]
         # Settle a lease only once everything its callback produced is sent: in an
         # earlier round trip, or in this one (the script enqueues before it settles).

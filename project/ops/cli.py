@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from project.ops import export_cli, proxies, recurring, scrapyd, services_cli, store
+from project.ops import export_cli, node_cli, proxies, recurring, scrapyd, services_cli, store
 from project.ops.common import (
     CommandError,
     frontier_keys,
@@ -192,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     store.register(sub, _setting_option)
     proxies.register(sub, _setting_option)
     export_cli.register(sub, _setting_option)
+    node_cli.register(sub, _setting_option)
     for name, func, text in (
         ("services", _services, "start|stop|status the local Redis and FerretDB"),
     ):

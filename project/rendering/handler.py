@@ -22,9 +22,11 @@ from scrapy_playwright.handler import DEFAULT_CONTEXT_NAME, ScrapyPlaywrightDown
 from scrapy_playwright.page import PageMethod
 
 from project.frontier.gate import DownloadGate
+from project.frontier.stopping import cut, downloads_cut
 from project.rendering.browser import abort_types, browser_memory
 from project.rendering.config import RenderingConfig
 from project.rendering.wire import ABORT_META_KEY, WAIT_FOR_META_KEY
+from project.utils import mask_url
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -104,13 +106,36 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         self._browser_ready = asyncio.Event()
         self._browser_ready.set()
         self._gate = DownloadGate(crawler)
+        #: Done when the node's stop grace is over (project/frontier/stopping.py).
+        self._cut: asyncio.Future[float] | None = None
+        crawler.signals.connect(self._downloads_cut, signal=downloads_cut)
+
+    def _downloads_cut(self, grace: float) -> None:
+        if self._cut is None:
+            self._cut = asyncio.get_running_loop().create_future()
+        if not self._cut.done():
+            self._cut.set_result(grace)
 
     async def download_request(self, request: Request, spider: Spider | None = None) -> Response:
         """Plain or rendered, a leased request goes on the wire only while its node holds a
         permit for it: a stall can end with it in Scrapy's download slot, past the
-        middleware's gate (project/frontier/gate.py)."""
+        middleware's gate (project/frontier/gate.py). A download still running when the
+        node's stop grace ends is cut: its lease goes back to the fleet."""
         await self._gate.wait(request)
-        response: Response = await super().download_request(request)
+        if self._cut is None:
+            self._cut = asyncio.get_running_loop().create_future()
+        if self._cut.done():
+            raise cut(request, self._cut.result())
+        download = asyncio.ensure_future(super().download_request(request))
+        await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
+        if not download.done():
+            download.cancel()
+            self.stats.inc_value("fleet/stop/cut")
+            logger.info(
+                "Download cut by the node's stop: %s goes back to the fleet", mask_url(request.url)
+            )
+            raise cut(request, self._cut.result())
+        response: Response = download.result()
         return response
 
     @staticmethod
