@@ -47,7 +47,14 @@ def test_basic_auth_guards_every_route(fleet) -> None:
     with dashboard_process(
         env, fleet.log_dir / "dashboard.log", args=fleet.space.cli_args()
     ) as url:
-        for path in ("", "static/charts.js", "api/status", "api/history", "metrics"):
+        for path in (
+            "",
+            "static/charts.js",
+            "api/status",
+            "api/history",
+            "metrics",
+            "api/v1/scale",
+        ):
             status, _, _ = _get(url + path)
             assert status == 401, path
             assert _get(url + path, ("ops", "wrong"))[0] == 401, path
@@ -57,6 +64,7 @@ def test_basic_auth_guards_every_route(fleet) -> None:
     samples = parse_prometheus(body)  # an empty fleet still gives a valid exposition
     assert metric(samples, "fleetcrawl_queue_depth") == 0
     assert metric(samples, "fleetcrawl_nodes", state="alive") == 0
+    assert metric(samples, "fleetcrawl_useful_nodes") == 0  # nothing to do: no node is useful
 
 
 def test_dashboard_charts_a_two_node_crawl(fleet, make_shop) -> None:
@@ -100,6 +108,11 @@ def test_dashboard_charts_a_two_node_crawl(fleet, make_shop) -> None:
         for node in names:
             assert metric(samples, "fleetcrawl_node_up", node=node, host=node.split(":")[0]) == 1
         assert metric(samples, "fleetcrawl_nodes", state="alive") == 2
+        # 1000 products on one site at Scrapy's 8 downloads a site: one node is enough
+        _, content_type, scale = _get(url + "api/v1/scale")
+        assert content_type.startswith("application/json")
+        assert json.loads(scale)["useful_nodes"] in (0, 1)  # 0 once the crawl has ended
+        assert metric(samples, "fleetcrawl_useful_nodes") in (0, 1)
         _, _, dead = _get(url + "api/dead-letters")
         assert json.loads(dead) == []
     assert console == [], console

@@ -175,6 +175,17 @@ def _waiting(status: dict[str, Any]) -> str:
     return "; ".join(parts) or "n/a"
 
 
+def _useful(status: dict[str, Any]) -> list[tuple[str, str]]:
+    scale = status.get("scale")
+    if not isinstance(scale, dict):
+        return []
+    text = (
+        f"{scale['useful_nodes']} ({scale['usable_slots']} downloads at once /"
+        f" {scale['node_slots']} a node; {scale['nodes_alive']} alive)"
+    )
+    return [("useful nodes", text)]
+
+
 def render(status: dict[str, Any]) -> RenderableType:
     """Everything ``status`` and ``status --watch`` show for one ``fleet_status()`` result.
 
@@ -247,6 +258,7 @@ def render(status: dict[str, Any]) -> RenderableType:
             ("waiting for mongodb", _waiting(status)),
             ("pages/min", f"{fleet['pages_per_min']:.0f}"),
             ("items/min", f"{fleet['items_per_min']:.0f}"),
+            *_useful(status),
             (
                 "errors / retries",
                 f"{fleet['errors'] + fleet['download_errors']} / {fleet['retries']}",

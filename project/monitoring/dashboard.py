@@ -249,6 +249,13 @@ async def _api_dead_letters(request: web.Request) -> web.Response:
     return _json(records)
 
 
+async def _api_scale(request: web.Request) -> web.Response:
+    """How many nodes are useful now (project/monitoring/scale.py): for KEDA's metrics-api
+    trigger (``valueLocation: useful_nodes``) and ``fleetcrawl autoscale``."""
+    status = await _status(request)
+    return _json({"spider": status["spider"], **status["scale"]})
+
+
 async def _metrics(request: web.Request) -> web.Response:
     body = render_metrics(await _status(request))
     return web.Response(
@@ -288,6 +295,7 @@ def make_app(
     app.router.add_get("/api/status", _api_status)
     app.router.add_get("/api/history", _api_history)
     app.router.add_get("/api/dead-letters", _api_dead_letters)
+    app.router.add_get("/api/v1/scale", _api_scale)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/items", _items_page)
     app.router.add_get("/changes", _changes_page)

@@ -71,6 +71,18 @@ class _StatusCollector(Collector):
                 "Sites with requests queued or in flight.",
                 status["site_count"]["with_work"],
             )
+        if "scale" in status:
+            scale = status["scale"]
+            yield gauge(
+                "useful_nodes",
+                "Nodes the work ready now can keep busy, within the sites' caps and rates.",
+                scale["useful_nodes"],
+            )
+            yield gauge(
+                "usable_slots",
+                "Downloads the fleet could run at once at the sites with work.",
+                scale["usable_slots"],
+            )
         progress = status["progress"]
         yield gauge("progress_ratio", "Seen URLs that are no longer pending.", progress["fraction"])
         eta = progress["eta_seconds"]

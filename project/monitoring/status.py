@@ -17,6 +17,7 @@ from project.frontier.connection import RedisTarget
 from project.frontier.keys import FrontierKeys
 from project.frontier.seen import bloom_expected
 from project.frontier.site_queues import OLDER, PRIORITY_BAND, read_site_queues, site_queue_sizes
+from project.monitoring.scale import SiteSlots, scale_view
 from project.storage.config import MongoConfig
 from project.utils import mask_url
 
@@ -242,7 +243,7 @@ def frontier_snapshot(
     seen = int(seen) or int(replies[15] or 0)
     now_ms = int(seconds) * 1000 + int(micros) / 1000
     by_node, in_flight = _in_flight(inflight)
-    rows, with_work = _site_rows(
+    rows, with_work, slots = _site_rows(
         client,
         keys,
         now_ms=now_ms,
@@ -255,6 +256,8 @@ def frontier_snapshot(
         previous=previous_leases or {},
     )
     with_work += max(0, int(n_ready) - len(ready)) + max(0, int(n_throttled) - len(throttled))
+    # what the fleet can run at once at the sites with work (project/monitoring/scale.py)
+    slots.beyond = max(0, int(n_ready) - len(ready))
     bands: dict[int, int] = {}
     for row, site_bands in zip(rows, _site_bands(client, keys, rows), strict=True):
         row["queued_by_priority"] = site_bands
@@ -279,6 +282,7 @@ def frontier_snapshot(
         },
         "seeds_waiting": int(seeds),
         "dead_letters": int(dead),
+        "scale": slots,
     }
 
 
@@ -294,25 +298,39 @@ def _site_rows(
     default: tuple[float, int],
     limit: int,
     previous: Mapping[str, int],
-) -> tuple[list[dict[str, Any]], int]:
-    """The *limit* busiest sites as rows, and how many sites have work (one round trip)."""
+) -> tuple[list[dict[str, Any]], int, SiteSlots]:
+    """The *limit* busiest sites as rows, how many sites have work, and what the fleet can
+    run at once at them (one round trip)."""
     busy = list(dict.fromkeys([*ready, *throttled, *in_flight]))
     was_listed = [site.encode("utf-8", "surrogateescape") for site in previous]
     busy_set = set(busy)
     idle = [s for s in dict.fromkeys([*last_leased, *was_listed]) if s not in busy_set]
     every = busy + idle
+    slots = SiteSlots()
     if not every:
-        return [], 0
+        return [], 0, slots
     pipe = client.pipeline(transaction=False)
     for hash_key in (keys.leases, keys.limits, keys.rates):
         pipe.hmget(hash_key, every)
     if busy:
-        pipe.hmget(keys.site_counts, busy)
+        for hash_key in (keys.site_counts, keys.lat_sum, keys.lat_n):
+            pipe.hmget(hash_key, busy)
     replies: list[Any] = pipe.execute()
     leases, limits, rates = (dict(zip(every, reply, strict=True)) for reply in replies[:3])
-    counts = replies[3] if busy else []
+    counts, lat_sum, lat_n = replies[3:6] if busy else ([], [], [])
     busy_leases = [leases[site] for site in busy]
     sizes = dict(zip(busy, site_queue_sizes(client, keys, busy, counts, busy_leases), strict=True))
+    for site, total, samples in zip(busy, lat_sum, lat_n, strict=True):
+        rate, concurrency = _site_limits(limits.get(site), rates.get(site), default)
+        wake = throttled.get(site)
+        n = _float(samples)
+        slots.add(
+            work=sizes[site] + in_flight.get(site, 0),
+            concurrency=concurrency,
+            rate=rate,
+            latency=_float(total) / n if n > 0 else None,
+            paused=wake is not None and wake > now_ms + 1000,
+        )
     since_ms = now_ms - IDLE_LISTED_SECONDS * 1000
 
     def recent(site: bytes) -> bool:
@@ -341,7 +359,7 @@ def _site_rows(
                 "concurrency": concurrency,
             }
         )
-    return rows, len(busy)
+    return rows, len(busy), slots
 
 
 def site_table(
@@ -438,6 +456,7 @@ def node_view(record: dict[str, Any], present: bool, in_flight: int, now: float)
         "journal_errors": _int(record.get("journal_errors")),
         "store_waiting": _int(record.get("store_waiting")),
         "store_behind": bool(record.get("store_behind")) and alive,
+        "concurrency": _int(record.get("concurrency")),
     }
 
 
@@ -668,6 +687,7 @@ def fleet_status(
     nodes.sort(key=lambda n: (order[n["state"]], n["id"]))
     status["nodes"] = nodes
     status["fleet"] = _fleet(nodes)
+    status["scale"] = scale_view(status["scale"], nodes, status["seeds_waiting"])
     status["time"] = now
     samples = [s for s in (_sample(entry_id, fields) for entry_id, fields in recent) if s]
     drain, eta = drain_eta([(s["t"] / 1000, _pending(s)) for s in samples])
