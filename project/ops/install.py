@@ -1,20 +1,25 @@
-"""Install the servers that ``project.ops.services`` runs: redis-server and FerretDB.
+"""Install the servers that ``project.ops.services`` runs: redis-server and FerretDB; and the
+tools that check ``deploy/kubernetes``: kustomize, kubeconform and their schemas.
 
-redis-server comes from Debian's package (apt-get, as root). FerretDB is built
-with Go into ``<cache>/bin/ferretdb``; the cache is ``FLEETCRAWL_CACHE_DIR`` or
+redis-server comes from Debian's package (apt-get, as root). FerretDB, kustomize and
+kubeconform are built with Go into ``<cache>/bin/``; the cache is ``FLEETCRAWL_CACHE_DIR`` or
 ``~/.cache/fleetcrawl``, and a file lock keeps concurrent builds (parallel test
-sessions) from racing.
+sessions) from racing. The schemas come from PyPI (Kubernetes') and the Go module proxy
+(KEDA's CRDs), never from GitHub.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
+import zipfile
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -24,7 +29,19 @@ from project.ops.processes import ServiceError
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
-__all__ = ["FERRETDB_VERSION", "ensure_ferretdb", "ensure_redis_server"]
+__all__ = [
+    "FERRETDB_VERSION",
+    "KEDA_VERSION",
+    "KUBECONFORM_VERSION",
+    "KUBERNETES_SCHEMA_LAYOUT",
+    "KUBERNETES_SCHEMA_VERSIONS",
+    "KUSTOMIZE_VERSION",
+    "ensure_ferretdb",
+    "ensure_kubeconform",
+    "ensure_kubernetes_schemas",
+    "ensure_kustomize",
+    "ensure_redis_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -310,3 +327,240 @@ def ensure_ferretdb() -> Path:
         if not _ferretdb_runs(binary):
             raise ServiceError(f"{what}: the freshly built {binary} does not run")
         return binary
+
+
+# --- the checks of deploy/kubernetes ----------------------------------------------------------
+#
+# Pinned releases that Go 1.24 builds (each newer one needs a newer Go than many machines have);
+# tests/test_deploy_kubernetes.py renders every kustomization with kustomize and checks each
+# manifest with kubeconform against these schemas, offline.
+
+KUSTOMIZE_VERSION: Final = "v5.8.1"
+KUBECONFORM_VERSION: Final = "v0.7.0"
+#: The ScaledObject and TriggerAuthentication schemas: KEDA's CRDs in its Go module.
+KEDA_VERSION: Final = "v2.18.0"
+#: The Kubernetes releases whose schemas the manifests are checked against.
+KUBERNETES_SCHEMA_VERSIONS: Final = ("1.31.0", "1.37.0")
+#: kubeconform's ``-schema-location``, below the folder of :func:`ensure_kubernetes_schemas`:
+#: one folder per release, strict schemas only (there is no schema without ``-strict``).
+KUBERNETES_SCHEMA_LAYOUT: Final = (
+    "{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}"
+    "/{{ .ResourceKind }}{{ .KindSuffix }}.json"
+)
+
+#: kubernetes-validate's wheel bundles the JSON schemas of every Kubernetes release (PyPI).
+_KUBERNETES_VALIDATE: Final = (
+    "kubernetes-validate",
+    "1.37.0",
+    "85136d018a27b50ec7fc049d902bfa5193f5976807e6c0f408e3ab6fe078cad9",  # its sha256
+)
+_KEDA_MODULE: Final = "github.com/kedacore/keda/v2"
+_KEDA_CRDS: Final = ("keda.sh_scaledobjects.yaml", "keda.sh_triggerauthentications.yaml")
+_KUBECONFORM_MODULE: Final = "github.com/yannh/kubeconform"
+#: The wheel's schemas name their definitions by an absolute reference that kubeconform would
+#: fetch from kubernetes.io; they are read from the folder itself instead.
+_DEFINITIONS_REF: Final = '"/api/_definitions.json#'
+_DONE: Final = "COMPLETE"
+
+
+def _tool_runs(binary: Path, argv: Sequence[str]) -> bool:
+    if not binary.is_file():
+        return False
+    try:
+        done = subprocess.run(
+            [str(binary), *argv], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("%s does not run (%s); building it again", binary, exc)
+        return False
+    if done.returncode != 0:
+        logger.warning("%s does not run (exit %d); building it again", binary, done.returncode)
+        return False
+    return True
+
+
+def _go_or_fail(what: str) -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise ServiceError(f"{what}: go is not on PATH (Go >= 1.24 builds it)")
+    return go
+
+
+def _go_env() -> dict[str, str]:
+    # CGO off: both tools are pure Go, and a machine without a C compiler builds them too.
+    return {**os.environ, "GO111MODULE": "on", "GOFLAGS": "", "CGO_ENABLED": "0"}
+
+
+def _go_tool(name: str, package: str, version: str, check: Sequence[str]) -> Path:
+    """Return ``<cache>/bin/<name>-<version>``, ``go install``-ing *package* if it is missing."""
+    cache = _cache_dir()
+    binary = cache / "bin" / f"{name}-{version}"
+    what = f"cannot build {name} {version}"
+    try:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(f"{what}: cannot create {binary.parent}: {exc}") from exc
+    with _file_lock(binary.parent / f".{name}.lock"):
+        if _tool_runs(binary, check):
+            return binary
+        go = _go_or_fail(what)
+        logger.warning("building %s %s into %s (once)", name, version, binary)
+        build = cache / "build" / f"{name}-{version}"
+        shutil.rmtree(build, ignore_errors=True)
+        _run_tool(
+            [go, "install", f"{package}@{version}"],
+            what,
+            cwd=binary.parent,
+            env={**_go_env(), "GOBIN": str(build)},
+        )
+        try:
+            (build / name).replace(binary)
+        except OSError as exc:
+            raise ServiceError(f"{what}: go install left no {build / name}: {exc}") from exc
+        shutil.rmtree(build, ignore_errors=True)
+        if not _tool_runs(binary, check):
+            raise ServiceError(f"{what}: the freshly built {binary} does not run")
+        return binary
+
+
+def ensure_kustomize() -> Path:
+    """Return kustomize (``<cache>/bin/kustomize-v5.8.1``), building it with Go if missing."""
+    return _go_tool(
+        "kustomize", "sigs.k8s.io/kustomize/kustomize/v5", KUSTOMIZE_VERSION, ["version"]
+    )
+
+
+def ensure_kubeconform() -> Path:
+    """Return kubeconform (``<cache>/bin/kubeconform-v0.7.0``), building it with Go if missing."""
+    return _go_tool(
+        "kubeconform", f"{_KUBECONFORM_MODULE}/cmd/kubeconform", KUBECONFORM_VERSION, ["-v"]
+    )
+
+
+def _go_module_dir(go: str, module: str, version: str, what: str, cwd: Path) -> Path:
+    """The read-only source of *module* at *version* in Go's module cache (downloaded once)."""
+    listing = _run_tool(
+        [go, "mod", "download", "-json", f"{module}@{version}"], what, cwd=cwd, env=_go_env()
+    )
+    try:
+        return Path(json.loads(listing)["Dir"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServiceError(
+            f"{what}: unexpected output of go mod download: {listing[:200]!r}"
+        ) from exc
+
+
+def _download_wheel(into: Path, what: str) -> Path:
+    name, version, sha256 = _KUBERNETES_VALIDATE
+    _run_tool(
+        [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--dest", str(into), f"{name}=={version}",
+        ],
+        what,
+    )  # fmt: skip
+    wheels = list(into.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ServiceError(f"{what}: pip download left {len(wheels)} wheels in {into}, not 1")
+    digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+    if digest != sha256:
+        raise ServiceError(f"{what}: {wheels[0].name} has sha256 {digest}, not {sha256}")
+    return wheels[0]
+
+
+def _extract_kubernetes_schemas(wheel: Path, into: Path, what: str) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        for version in KUBERNETES_SCHEMA_VERSIONS:
+            prefix = f"kubernetes_validate/kubernetes-json-schema/v{version}-local-strict/"
+            members = [n for n in names if n.startswith(prefix) and n.endswith(".json")]
+            if not members:
+                raise ServiceError(f"{what}: {wheel.name} has no schemas of Kubernetes {version}")
+            folder = into / f"v{version}-local-strict"
+            folder.mkdir()
+            for member in members:
+                schema = json.loads(archive.read(member))
+                schema.pop("$id", None)  # a kubernetes.io address: refs are resolved from here
+                text = json.dumps(schema).replace(_DEFINITIONS_REF, '"_definitions.json#')
+                if '"/api/' in text or '"$ref": "http' in text:
+                    raise ServiceError(
+                        f"{what}: {member} references a schema outside the wheel; the format"
+                        f" of {wheel.name} changed"
+                    )
+                (folder / member.removeprefix(prefix)).write_text(text, encoding="utf-8")
+
+
+def ensure_kubernetes_schemas() -> Path:
+    """Return the folder of the JSON schemas (:data:`KUBERNETES_SCHEMA_LAYOUT`) that
+    kubeconform checks ``deploy/kubernetes`` against, making it once.
+
+    Kubernetes' own come from the wheel of kubernetes-validate (PyPI, its sha256 pinned),
+    KEDA's from its CRDs (the Go module), converted by kubeconform's own
+    ``scripts/openapi2jsonschema.py`` (from its Go module; it needs PyYAML), strict: a
+    property no schema names is an error, as it is for Kubernetes' own.
+    """
+    cache = _cache_dir()
+    name, version, _ = _KUBERNETES_VALIDATE
+    root = cache / "kubernetes-schemas" / f"{name}-{version}-keda-{KEDA_VERSION}"
+    what = "cannot prepare the Kubernetes schemas"
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(f"{what}: cannot create {root.parent}: {exc}") from exc
+    with _file_lock(root.parent / ".schemas.lock"):
+        if (root / _DONE).is_file() and all(
+            (root / f"v{release}-local-strict").is_dir() for release in KUBERNETES_SCHEMA_VERSIONS
+        ):
+            return root
+        go = _go_or_fail(what)
+        logger.warning("preparing the Kubernetes and KEDA schemas in %s (once)", root)
+        partial = root.with_name(f"{root.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        crds = partial / "crds"
+        try:
+            crds.mkdir(parents=True)
+            wheel = _download_wheel(partial, what)
+            _extract_kubernetes_schemas(wheel, partial, what)
+            wheel.unlink()
+        except OSError as exc:
+            raise ServiceError(f"{what}: cannot write the schemas in {partial}: {exc}") from exc
+        keda = _go_module_dir(go, _KEDA_MODULE, KEDA_VERSION, what, root.parent)
+        kubeconform = _go_module_dir(
+            go, _KUBECONFORM_MODULE, KUBECONFORM_VERSION, what, root.parent
+        )
+        _run_tool(
+            [
+                sys.executable,
+                str(kubeconform / "scripts" / "openapi2jsonschema.py"),
+                *(str(keda / "config" / "crd" / "bases" / crd) for crd in _KEDA_CRDS),
+            ],
+            what,
+            cwd=crds,
+            env={
+                **os.environ,
+                # scaledobject-keda-v1alpha1.json: the names kubeconform's layout asks for
+                "FILENAME_FORMAT": "{kind}-{group}-{version}",
+                "DENY_ROOT_ADDITIONAL_PROPERTIES": "1",
+            },
+        )
+        converted = sorted(crds.glob("*.json"))
+        if len(converted) != len(_KEDA_CRDS):
+            raise ServiceError(
+                f"{what}: openapi2jsonschema.py wrote {[p.name for p in converted]} from"
+                f" {len(_KEDA_CRDS)} CRDs"
+            )
+        try:
+            for version_dir in partial.glob("v*-local-strict"):
+                for schema in converted:
+                    shutil.copyfile(schema, version_dir / schema.name)
+            shutil.rmtree(crds)
+            (partial / _DONE).write_text(
+                f"kubernetes-validate {version}, KEDA {KEDA_VERSION}, converted by kubeconform"
+                f" {KUBECONFORM_VERSION}\n",
+                encoding="utf-8",
+            )
+            shutil.rmtree(root, ignore_errors=True)
+            partial.replace(root)
+        except OSError as exc:
+            raise ServiceError(f"{what}: cannot write the schemas in {partial}: {exc}") from exc
+        return root
