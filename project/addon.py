@@ -45,9 +45,8 @@ from project.frontier.start import FleetStartMiddleware
 from project.frontier.stopping import NodeStop, StopConfig
 from project.monitoring.node import MonitorConfig, NodeMonitor
 from project.monitoring.statsfile import StatsFile, StatsFileConfig
-from project.rendering.browser import use_system_chromium
 from project.rendering.config import RenderingConfig, RenderingConfigError
-from project.rendering.handler import RENDER_RETRY_EXCEPTIONS
+from project.rendering.launch import RENDER_RETRY_EXCEPTIONS, use_system_chromium
 from project.rendering.middleware import RenderingMiddleware
 from project.rendering.samples import AdaptiveSamples
 from project.runs.report import RunsConfig

@@ -66,7 +66,9 @@ def test_the_add_on_wires_the_fleet_into_empty_settings() -> None:
     assert settings["TWISTED_REACTOR"].endswith("AsyncioSelectorReactor")
     assert not settings.getbool("REMOTE_CONTROL_ENABLED")
     assert len(settings.getdict("ITEM_PIPELINES")) == 2
-    assert settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")["executable_path"].endswith("chromium")
+    assert settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")["executable_path"].endswith(
+        ("chromium", "chromium-headless-shell")
+    )
 
 
 @pytest.mark.crawl

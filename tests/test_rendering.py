@@ -20,8 +20,9 @@ from scrapy_playwright.page import PageMethod
 from project import settings as project_settings
 from project.addon import FleetAddon
 from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
-from project.rendering.browser import abort_heavy_request, abort_types, use_system_chromium
+from project.rendering.browser import abort_heavy_request, abort_types
 from project.rendering.config import RenderingConfig, RenderingConfigError, parse_render_rules
+from project.rendering.launch import use_system_chromium
 from project.rendering.middleware import FALLBACK_META_KEY, RenderingMiddleware
 from spiders.products import ProductsSpider
 from tests.fleet import wait_for

@@ -21,7 +21,6 @@ from scrapy.utils.test import get_crawler
 from project.frontier.queue import StepBatch
 from project.items import ProductItem
 from project.monitoring.status import render_patterns
-from project.rendering.browser import child_processes
 from project.rendering.evidence import agree, path_template, pattern_key, summarize
 from project.rendering.middleware import RenderingMiddleware
 from project.rendering.plan import (
@@ -35,6 +34,7 @@ from project.rendering.plan import (
     plan_of,
 )
 from project.rendering.wire import ADAPTIVE_META_KEY
+from project.utils import child_processes
 from spiders.products import ProductsSpider
 from tests.fleet import run_cli, wait_for
 from tests.test_frontier_step import run

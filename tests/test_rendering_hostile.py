@@ -38,13 +38,10 @@ from project.frontier.config import RetryConfig
 from project.frontier.seeds import InvalidSeed, parse_seed
 from project.frontier.wire import UnserializableRequestError, decode_request, encode_request
 from project.rendering import browser
-from project.rendering.browser import LazyBrowserProvider, chromium_sandboxed
+from project.rendering.browser import LazyBrowserProvider
 from project.rendering.config import RenderingConfig, RenderingConfigError, parse_render_rules
-from project.rendering.handler import (
-    RENDER_RETRY_EXCEPTIONS,
-    BoundedPlaywrightHandler,
-    RenderTimeoutError,
-)
+from project.rendering.handler import BoundedPlaywrightHandler, RenderTimeoutError
+from project.rendering.launch import RENDER_RETRY_EXCEPTIONS, chromium_sandboxed
 from project.rendering.middleware import RenderingMiddleware
 from project.rendering.wire import RULE_META_KEY, allow_page_method, meta_for_wire
 from spiders.products import ProductsSpider
@@ -458,7 +455,8 @@ from pathlib import Path
 from scrapy.settings import Settings
 from scrapy_playwright.handler import Config
 from project.config import exported_defaults
-from project.rendering.browser import LazyBrowserProvider, use_system_chromium
+from project.rendering.browser import LazyBrowserProvider
+from project.rendering.launch import use_system_chromium
 from project.rendering.config import RenderingConfig
 
 # What the add-on does for rendering; its other components play no part in a launch.

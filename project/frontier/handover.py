@@ -64,13 +64,14 @@ class Handover:
         self.ledger = ledger
         self.settlements = settlements
         self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
-        self._first_lease = False
+        #: This node was handed a lease (it logs when, once).
+        self.leased_any = False
 
     def leases(self, leased: list[Leased]) -> None:
         """Leased requests into the ledger, best first; an undecodable one is dead-lettered."""
         now = time.monotonic()
-        if leased and not self._first_lease:
-            self._first_lease = True
+        if leased and not self.leased_any:
+            self.leased_any = True
             age = process_age()
             if age is not None:
                 self.stats.set_value("frontier/first_lease_seconds", round(age, 3))

@@ -51,6 +51,9 @@ _BACKOFF_MAX = 10.0
 _END_POLL = 0.25
 #: Ticks a busy node may skip a round trip for, when it has nothing urgent to send or ask.
 _MAX_SKIPPED_TICKS = 3
+#: Seconds after its start a node that has leased nothing yet steps every tick while the
+#: fleet has work: it joins at once (later, an idle node's polls slow down to spare Redis).
+_STARTING = 5.0
 
 
 #: Due revisits one maintenance hands out (FRONTIER_KEEP_ALIVE).
@@ -335,6 +338,8 @@ class FrontierLoop:
                 delay = tick if busy else min(max(delay * 2, tick), self.config.idle_poll_max)
                 if self._counts is not None and any(self._counts):
                     delay = min(delay, max(tick, _END_POLL))  # the fleet still works
+                    if not self.handover.leased_any and started - self.end.started_at < _STARTING:
+                        delay = tick  # a node starting: its first lease is what it waits for
                 if self._next_wake is not None and self.ledger.slots():
                     # A throttled site gets tokens then: be there to lease them.
                     delay = min(delay, max(tick, self._next_wake - time.monotonic()))

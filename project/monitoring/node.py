@@ -21,9 +21,9 @@ from project.config import read_settings, setting
 from project.frontier import lua
 from project.frontier.config import DEFAULT_REDIS_URL, FrontierConfig
 from project.frontier.keys import FrontierKeys
-from project.rendering.browser import child_processes
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
+from project.utils import child_processes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

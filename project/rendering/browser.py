@@ -1,4 +1,5 @@
-"""The browser side: Chromium found at start, Playwright started with the first render."""
+"""The browser side: Playwright started with the first render (Chromium is found at start by
+project/rendering/launch.py)."""
 
 from __future__ import annotations
 
@@ -12,29 +13,19 @@ from weakref import WeakKeyDictionary
 
 from scrapy_playwright.provider import PlaywrightBrowserProvider
 
-from project.rendering.config import RenderingConfig
+from project.rendering.launch import chromium_sandboxed
+from project.utils import child_processes
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Page
     from playwright.async_api import Request as PlaywrightRequest
-    from scrapy.settings import BaseSettings
     from scrapy_playwright.handler import Config as PlaywrightConfig
-
-#: Chromium's renderer does not load images (PLAYWRIGHT_ABORT_RESOURCES with ``image``).
-#: Playwright's own blink settings are repeated: Chromium reads the last --blink-settings.
-_NO_IMAGES = (
-    "--blink-settings=imagesEnabled=false,primaryHoverType=2,availableHoverTypes=2,"
-    "primaryPointerType=4,availablePointerTypes=4"
-)
 
 __all__ = [
     "LazyBrowserProvider",
     "abort_heavy_request",
     "abort_types",
     "browser_memory",
-    "child_processes",
-    "chromium_sandboxed",
-    "use_system_chromium",
 ]
 
 logger = logging.getLogger(__name__)
@@ -42,34 +33,6 @@ logger = logging.getLogger(__name__)
 #: The resource types each page aborts, set by the handler for each render (a render
 #: rule's own, else PLAYWRIGHT_ABORT_RESOURCES).
 abort_types: WeakKeyDictionary[Page, frozenset[str]] = WeakKeyDictionary()
-
-
-def use_system_chromium(settings: BaseSettings) -> None:
-    """Point Playwright at the system's Chromium (``executable_path``); raise if it is missing.
-
-    Called by the add-on before the settings are frozen, so ``-s
-    PLAYWRIGHT_CHROMIUM_PATH=...`` reaches the launch options, and a node
-    without Chromium stops at start instead of crawling on without JavaScript.
-    Chromium's sandbox is on (Playwright's ``chromium_sandbox``) unless the
-    node runs as root, where it cannot start, or the launch options say otherwise.
-    Images are off in the renderer when PLAYWRIGHT_ABORT_RESOURCES names them and no
-    render rule of the settings lets them through.
-    """
-    config = RenderingConfig.from_settings(settings)
-    if config.remote or config.browser_type != "chromium":
-        return
-    options = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
-    options["executable_path"] = config.find_chromium()
-    options.setdefault("chromium_sandbox", os.geteuid() != 0)
-    if "image" in config.abort_resources and not any(
-        rule.abort is not None and "image" not in rule.abort for rule in config.rules
-    ):
-        # images never asked for at all: an aborted one costs a round trip through Python
-        args = list(options.get("args") or ())
-        if not any(str(arg).startswith("--blink-settings") for arg in args):
-            options["args"] = [*args, _NO_IMAGES]
-    priority = settings.getpriority("PLAYWRIGHT_LAUNCH_OPTIONS") or "addon"
-    settings.set("PLAYWRIGHT_LAUNCH_OPTIONS", options, priority=priority)
 
 
 class LazyBrowserProvider(PlaywrightBrowserProvider):  # type: ignore[misc]
@@ -117,16 +80,6 @@ class LazyBrowserProvider(PlaywrightBrowserProvider):  # type: ignore[misc]
         return cfg.browser_type_name == "chromium" and not (cfg.cdp_url or cfg.connect_url)
 
 
-def chromium_sandboxed(launch_options: dict[str, Any]) -> bool:
-    """Whether Chromium launched with *launch_options* runs in its sandbox.
-
-    Playwright passes ``--no-sandbox`` unless ``chromium_sandbox`` is true.
-    """
-    return bool(launch_options.get("chromium_sandbox")) and "--no-sandbox" not in (
-        launch_options.get("args") or ()
-    )
-
-
 def abort_heavy_request(request: PlaywrightRequest) -> bool:
     """PLAYWRIGHT_ABORT_REQUEST: the resource types of the page's render are not downloaded
     (images, fonts and media by default: they are never needed to build the DOM)."""
@@ -155,13 +108,3 @@ def browser_memory(root: int | None = None) -> int:
                     total += int(line.split()[1]) * 1024
                     break
     return total
-
-
-def child_processes(pid: str) -> list[str]:
-    """The ids of *pid*'s child processes, from /proc (none when it is gone)."""
-    found: list[str] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += (task / "children").read_text().split()
-    return found

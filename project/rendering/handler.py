@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-__all__ = ["RENDER_RETRY_EXCEPTIONS", "BoundedPlaywrightHandler", "RenderTimeoutError"]
+__all__ = ["BoundedPlaywrightHandler", "RenderTimeoutError"]
 
 logger = logging.getLogger(__name__)
 _PLAYWRIGHT_LOGGER = logging.getLogger("scrapy-playwright")
@@ -57,10 +57,6 @@ _OWN_PAGE_META = (
     "playwright_page_event_handlers",
     "playwright_page_init_callback",
 )
-
-#: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS:
-#: Playwright's Error is also the class of its TimeoutError and TargetClosedError.
-RENDER_RETRY_EXCEPTIONS = ("playwright.async_api.Error",)
 
 
 async def _abort_route(route: Route) -> None:

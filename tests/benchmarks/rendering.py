@@ -51,7 +51,7 @@ from project.ops.services import (
     start_redis,
     stop_service,
 )
-from project.rendering.browser import child_processes
+from project.utils import child_processes
 from tests.site.server import ShopServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,246 @@
+"""Start-up benchmark: how soon a node is useful, and what ``fleetcrawl status`` costs.
+
+    python -m tests.benchmarks.startup [--runs 5] [--sites 10000]
+
+Side by side with the baseline, ``scrapy version`` run outside any project (mostly
+``import scrapy``), medians of ``--runs`` interleaved runs, as ratios to that baseline:
+
+- join: a ``scrapy crawl products`` node started while another crawls the test shop (once
+  the shop served 20 pages: product requests are queued); from process start to its first
+  lease (the node's own "First lease" line, from /proc).
+- together: two nodes started at once on a crawl whose every product page is seeded; the
+  later of their first leases.
+
+The shop's cap has room for both nodes, so a first lease waits on the node's start-up, not on
+another node's permits.
+- status: ``fleetcrawl status --json`` on an empty fleet, wall time.
+- status at ``--sites`` sites: wall time, and the Redis commands it ran (INFO commandstats,
+  commands inside scripts included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from project.frontier import lua
+from project.frontier.keys import FrontierKeys
+from project.ops.services import (
+    ServicesConfig,
+    free_port,
+    start_mongo,
+    start_redis,
+    stop_service,
+)
+from tests.site.server import ShopServer
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+_FIRST_LEASE = re.compile(rb"First lease ([0-9.]+)s after the process started")
+#: Two nodes' worth of permits at the shop: a node's first lease waits on its start-up, not
+#: on another node giving permits back.
+_NODE_SETTINGS = {"FRONTIER_IDLE_GRACE": "1.0", "LOG_LEVEL": "INFO", "FLEET_STOP_GRACE": "1",
+                  "FRONTIER_SITE_CONCURRENCY": "64"}  # fmt: skip
+
+
+def _wall(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    started = time.monotonic()
+    subprocess.run(argv, cwd=cwd, env=env, check=True, capture_output=True, timeout=120)
+    return time.monotonic() - started
+
+
+def _status_wall(services: ServicesConfig) -> float:
+    return _wall(
+        [str(BIN / "fleetcrawl"), "status", "--json"], ROOT, _env(services, "startup_status")
+    )
+
+
+def _env(services: ServicesConfig, database: str) -> dict[str, str]:
+    return dict(
+        os.environ,
+        REDIS_URL=services.redis_url,
+        MONGO_URI=services.mongo_url,
+        MONGO_DATABASE=database,
+        PYTHONPATH=str(ROOT),
+    )
+
+
+def _node(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    argv = [str(BIN / "scrapy"), "crawl", "products"]
+    for key, value in _NODE_SETTINGS.items():
+        argv += ["-s", f"{key}={value}"]
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _first_lease(log: Path, timeout: float = 60.0) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _FIRST_LEASE.search(log.read_bytes())
+        if found:
+            return float(found.group(1))
+        time.sleep(0.05)
+    raise RuntimeError(f"no first lease in {log}:\n{log.read_text()[-2000:]}")
+
+
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _seed(client: redis.Redis, shop: ShopServer) -> None:
+    """Work ready at once: every product page seeded (a node's first lease waits on nothing
+    but its start-up)."""
+    client.flushall()
+    client.lpush("products:start_urls", *[shop.url(f"/product/{i}") for i in range(1, 301)])
+
+
+def _join(services: ServicesConfig, shop: ShopServer, state: Path) -> float:
+    """First lease of a node joining a crawl that another node runs: requests are queued."""
+    client = redis.Redis.from_url(services.redis_url)
+    env = _env(services, f"startup_{time.monotonic_ns()}")
+    client.flushall()
+    shop.reset()
+    client.lpush("products:start_urls", shop.url("/"))
+    crawling = _node(env, state / "a.log")
+    try:
+        _first_lease(state / "a.log")
+        while sum(shop.stats()["hits"].values()) < 20:  # the listings read: products queued
+            time.sleep(0.05)
+        joining = _node(env, state / "b.log")
+        try:
+            return _first_lease(state / "b.log")
+        finally:
+            _stop(joining)
+    finally:
+        _stop(crawling)
+        client.close()
+
+
+def _together(services: ServicesConfig, shop: ShopServer, state: Path) -> float:
+    """The later first lease of two nodes started at once on a seeded crawl."""
+    client = redis.Redis.from_url(services.redis_url)
+    _seed(client, shop)
+    env = _env(services, f"startup_{time.monotonic_ns()}")
+    nodes = [_node(env, state / f"t{i}.log") for i in range(2)]
+    try:
+        return max(_first_lease(state / f"t{i}.log") for i in range(2))
+    finally:
+        _stop(*nodes)
+        client.close()
+
+
+def _fill_sites(client: redis.Redis, sites: int) -> None:
+    """*sites* sites with one request queued and one leased each, as the frontier lays them out."""
+    keys = FrontierKeys.from_settings(_settings(), "products")
+    script = lua.load("requeue_dead")
+    put_back = client.register_script(script.source)
+    requests: list[str] = []
+    for i in range(sites):
+        site = f"shop{i}.test"
+        requests += [site, json.dumps({"url": f"http://{site}/1", "priority": 0})]
+    for start in range(0, len(requests), 2000):
+        chunk = requests[start : start + 2000]
+        put_back(
+            keys=script.keys_from(keys, work=keys.dead + ":fill"), args=[0, len(chunk) // 2, *chunk]
+        )
+    pipe = client.pipeline(transaction=False)
+    for i in range(sites):
+        site = f"shop{i}.test"
+        pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
+        pipe.hincrby(keys.leases, site, 1)
+        pipe.hincrby(keys.site_counts, site, 2)
+    pipe.execute()
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    from scrapy.settings import Settings
+
+    return Settings()
+
+
+def _commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if k not in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--sites", type=int, default=10_000)
+    args = parser.parse_args()
+    results: dict[str, list[float]] = {"scrapy version": [], "join": [], "together": [],
+                                        "status": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="startup-") as name:
+        state = Path(name)
+        outside = state / "outside"
+        outside.mkdir()
+        services = ServicesConfig(state_dir=state / "services", redis_port=free_port(),
+                                  mongo_port=free_port())  # fmt: skip
+        start_redis(services)
+        start_mongo(services)
+        plain_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        try:
+            with ShopServer(300, latency_ms=300) as shop:
+                client = redis.Redis.from_url(services.redis_url)
+                for _ in range(args.runs):
+                    results["scrapy version"].append(
+                        _wall([str(BIN / "scrapy"), "version"], outside, plain_env)
+                    )
+                    results["join"].append(_join(services, shop, state))
+                    results["together"].append(_together(services, shop, state))
+                    client.flushall()
+                    results["status"].append(_status_wall(services))
+                client.flushall()
+                _fill_sites(client, args.sites)
+                walls, commands = [], []
+                for _ in range(args.runs):
+                    client.config_resetstat()
+                    walls.append(_status_wall(services))
+                    commands.append(_commands(client))
+                client.close()
+        finally:
+            stop_service(services, "mongo")
+            stop_service(services, "redis")
+    base = statistics.median(results["scrapy version"])
+    print(f"start-up, medians of {args.runs} runs, {os.cpu_count()} CPUs")
+    print(f"{'':>34} {'seconds':>8} {'x scrapy version':>17}")
+    labels = {
+        "scrapy version": "scrapy version (outside a project)",
+        "join": "node joining a crawl: first lease",
+        "together": "two nodes at once: later lease",
+        "status": "fleetcrawl status, empty fleet",
+    }
+    for key, label in labels.items():
+        value = statistics.median(results[key])
+        print(f"{label:>34} {value:>8.2f} {value / base:>17.2f}")
+    print(
+        f"{'status at ' + str(args.sites) + ' sites':>34} {statistics.median(walls):>8.2f}"
+        f" {statistics.median(walls) / base:>17.2f}   Redis commands: {statistics.median(commands):.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
