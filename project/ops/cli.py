@@ -8,10 +8,18 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
-from project.ops import export_cli, node_cli, proxies, recurring, scrapyd, services_cli, store
+from project.ops import (
+    autoscale,
+    export_cli,
+    node_cli,
+    proxies,
+    recurring,
+    scrapyd,
+    services_cli,
+    store,
+)
 from project.ops.common import (
     CommandError,
     frontier_keys,
@@ -53,9 +61,7 @@ def _status(args: argparse.Namespace) -> int:
                 raise CommandError(f"Redis at {target.describe()} was unreachable at the last read")
             return 0
         try:
-            # Two reads a second apart give each site's achieved rate.
-            reader.read()
-            time.sleep(1.0)
+            # One read: a site's achieved rate needs two (--watch and the dashboard show it).
             snapshot = reader.read()
         finally:
             reader.close()
@@ -193,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     proxies.register(sub, _setting_option)
     export_cli.register(sub, _setting_option)
     node_cli.register(sub, _setting_option)
+    autoscale.register(sub, _setting_option)
     for name, func, text in (
         ("services", _services, "start|stop|status the local Redis and FerretDB"),
     ):
