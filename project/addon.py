@@ -23,6 +23,7 @@ from project.blocking.last_hop import SessionLastHopMiddleware
 from project.blocking.middleware import BlockDetectionMiddleware
 from project.config import FleetConfigError, exported_defaults
 from project.dataout.config import DataOutConfig
+from project.frontier.autotune import AutotuneConfig
 from project.frontier.compat import check_settings
 from project.frontier.config import FLEET_RETRY_TIMES, FrontierConfig, RetryConfig
 from project.frontier.gate import PermitGateMiddleware
@@ -183,6 +184,7 @@ def _check(settings: BaseSettings) -> None:
     FrontierKeys.from_settings(settings, "spider")
     RetryConfig.from_settings(settings)
     StopConfig.from_settings(settings)
+    AutotuneConfig.from_settings(settings)
     RevisitConfig.from_settings(settings)
     SeenConfig.from_settings(settings)
     RobotsConfig.from_settings(settings)

@@ -540,7 +540,7 @@ def test_no_code_repeats_a_settings_default() -> None:
 #: The fleet's own prefixes, one per component (docs/settings.md, "Names").
 _PREFIXES = ("FRONTIER_", "MONGO_", "VALIDATION_", "RUNS_", "PLAYWRIGHT_", "MONITOR_", "DASHBOARD_",
              "BLOCK_", "SESSION_", "PROXY_", "EXPORT_", "FLEET_FEEDS", "FLEET_STOP_",
-             "FLEET_HEALTH_")  # fmt: skip
+             "FLEET_HEALTH_", "FLEET_AUTOTUNE")  # fmt: skip
 #: Names of Scrapy, scrapy-redis and scrapy-playwright the Configs read as they are.
 _LIBRARY_NAMES = re.compile(
     r"(REDIS_\w+|SCHEDULER_\w+|MAX_IDLE_TIME_BEFORE_CLOSE|DUPEFILTER_DEBUG|DOWNLOAD_SLOTS"

@@ -184,13 +184,18 @@ class PermitLedger:
         """
         held = 0
         more = 0
+        # permits above the node's limit, once FLEET_AUTOTUNE lowered it: free ones go back
+        excess = sum(self.permits.values()) - self.concurrency
         uncovered = (s for s, n in self.busy.items() if n > self.permits[s])
         for site in {*self.permits, *(s for s, n in self.ready.items() if n > 0), *uncovered}:
             permits, busy, ready = self.permits[site], self.busy[site], self.ready[site]
             over = permits - max(busy, self.usable(site))  # free, above this node's share
+            if excess > 0:
+                over = max(over, min(permits - busy, excess))
             if over > 0:
                 batch.give_back.append((site, over))
                 permits -= over
+                excess -= over
             held += permits
             spare = max(0, permits - busy - ready)
             waiting = max(0, ready - (permits - busy))

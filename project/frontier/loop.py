@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from project.blocking.pool import pool_of
+from project.frontier.autotune import Autotune, AutotuneConfig
 from project.frontier.claim import StartClaim
 from project.frontier.clock import FleetClock
 from project.frontier.codes import MODE_ALWAYS, START_END
@@ -149,6 +150,11 @@ class FrontierLoop:
         #: Which pages the fleet renders (project/rendering/plan.py), None without
         #: PLAYWRIGHT_ADAPTIVE.
         self.render_plan = plan_of(crawler)
+        #: FLEET_AUTOTUNE: the node's downloads at once, moved by what it measures
+        tune = AutotuneConfig.from_settings(crawler.settings)
+        self.autotune = Autotune(tune, config.concurrency, self.stats) if tune.enabled else None
+        if self.autotune is not None:
+            self.ledger.concurrency = self.autotune.limit
         crawler.signals.connect(self._store_backpressure, signal=store_backpressure)
 
     # -- engine side (no I/O) ----------------------------------------------
@@ -262,8 +268,11 @@ class FrontierLoop:
         return time.monotonic() - self._last_step > self.config.lease_seconds / 2
 
     def record_latency(self, url: str, seconds: float) -> None:
-        """A download latency sample for adaptive throttling."""
-        self._latency.setdefault(site_of(url), []).append(seconds)
+        """A download latency sample for adaptive throttling and the autotune."""
+        if self.config.limits.adaptive:
+            self._latency.setdefault(site_of(url), []).append(seconds)
+        if self.autotune is not None:
+            self.autotune.download_ended(seconds)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -280,6 +289,8 @@ class FrontierLoop:
     def start(self) -> None:
         """Start the I/O task on the running asyncio loop."""
         self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.autotune is not None:
+            self.autotune.start()
 
     async def stop(self) -> None:
         """Stop the task, settle and flush what is left, give unstarted leases back."""
@@ -287,6 +298,8 @@ class FrontierLoop:
         self._closed.set()
         self._wakeup.set()
         self._step_done.set()  # downloads held back go: the node closes
+        if self.autotune is not None:
+            self.autotune.stop()
         if self._task is not None:
             await self._task
         # Everything dispatched has left the engine by now.
@@ -318,6 +331,9 @@ class FrontierLoop:
         while not self._closing:
             started = time.monotonic()
             self._reconcile()
+            if self.autotune is not None:
+                self.autotune.in_flight(sum(self.ledger.busy.values()))
+                self.ledger.concurrency = self.autotune.tick(started)
             if delay <= tick and not self._step_needed(started):
                 # Enough leased for another tick and nothing urgent: one round trip fewer.
                 await self._pause(tick)

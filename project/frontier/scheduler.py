@@ -158,7 +158,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.loop = FrontierLoop(
             self.crawler, spider, config, self.queue, DeadLetterSink.from_crawler(self.crawler)
         )
-        if config.limits.adaptive:
+        if config.limits.adaptive or self.loop.autotune is not None:
             self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         self.crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
         self.crawler.signals.connect(self._on_spider_idle, signal=signals.spider_idle)

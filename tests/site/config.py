@@ -32,6 +32,9 @@ class ShopConfig:
     broken_share: float = 0.0
     slow_share: float = 0.0
     slow_ms: float = 1000.0
+    #: Requests the shop serves at once (0: any number): past it they queue, so latency grows
+    #: with concurrency past this knee and throughput stays at knee / latency.
+    knee: int = 0
     retry_after_burst: int = 0
     retry_after: int = 1
     robots_crawl_delay: float | None = None
@@ -152,6 +155,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--slow-share", type=_share, default=0.0, help="share of products answered with extra delay"
     )
     add("--slow-ms", type=_duration, default=1000.0, help="extra delay of slow pages")
+    add(
+        "--knee",
+        type=_count,
+        default=0,
+        help="requests served at once (0: any); more wait their turn (a latency knee)",
+    )
     add(
         "--slow-paths",
         action="append",

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self, cast
@@ -123,6 +124,9 @@ class ShopResource(Resource):
         #: Paths answered with an error status until told otherwise (``/_fail``): a site in
         #: maintenance for one crawl.
         self._failing: dict[str, int] = {}
+        #: --knee: requests being served, and those waiting their turn
+        self._knee_busy = 0
+        self._knee_waiting: deque[list[Any]] = deque()
         self._defense = Defense(
             config.bans,
             config.ban_after,
@@ -464,9 +468,44 @@ class ShopResource(Resource):
         if delay <= 0:
             _finish(request, reply.body, self._stats)
             return NOT_DONE_YET
+        if self._config.knee:
+            self._queue_for_knee(request, reply.body, delay)
+            return NOT_DONE_YET
         call = self._clock.callLater(delay, _finish, request, reply.body, self._stats)
         request.notifyFinish().addErrback(_cancel, call)
         return NOT_DONE_YET
+
+    def _queue_for_knee(self, request: Request, body: bytes, delay: float) -> None:
+        """--knee: at most that many requests are served at once; the others wait in turn."""
+        waiting = self._knee_waiting
+
+        def serve(entry: list[Any]) -> None:
+            self._knee_busy += 1
+            entry[2] = self._clock.callLater(delay, done, entry)
+
+        def done(entry: list[Any]) -> None:
+            self._knee_busy -= 1
+            _finish(entry[0], entry[1], self._stats)
+            while waiting and self._knee_busy < self._config.knee:
+                serve(waiting.popleft())
+
+        def gone(_: object, entry: list[Any]) -> None:
+            call = entry[2]
+            if call is None:
+                with contextlib.suppress(ValueError):
+                    waiting.remove(entry)
+            elif call.active():
+                call.cancel()
+                self._knee_busy -= 1
+                while waiting and self._knee_busy < self._config.knee:
+                    serve(waiting.popleft())
+
+        entry: list[Any] = [request, body, None]
+        request.notifyFinish().addErrback(gone, entry)
+        if self._knee_busy < self._config.knee:
+            serve(entry)
+        else:
+            waiting.append(entry)
 
     @staticmethod
     def _json(request: Request, payload: object) -> bytes:
