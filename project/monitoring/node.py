@@ -289,9 +289,17 @@ class NodeMonitor:
             # items waiting to be stored, and whether that many keep downloads from starting
             "store_waiting": int(stat("mongo/waiting", 0)),
             "store_behind": bool(stat("mongo/behind", 0)),
-            # downloads it runs at once: what a node is worth (project/monitoring/scale.py)
-            "concurrency": self.crawler.settings.getint("CONCURRENT_REQUESTS"),
+            # downloads it runs at once (FLEET_AUTOTUNE's limit, when on): what a node is
+            # worth (project/monitoring/scale.py)
+            "concurrency": self._concurrency(),
         }
+
+    def _concurrency(self) -> int:
+        loop = getattr(self._scheduler, "loop", None)
+        ledger = getattr(loop, "ledger", None)
+        if ledger is not None:
+            return int(ledger.concurrency)
+        return self.crawler.settings.getint("CONCURRENT_REQUESTS")
 
     def _read_files(self, count_journal: bool) -> tuple[tuple[int, int], int | None]:
         journal = self._journal

@@ -203,7 +203,7 @@ def main() -> None:
         start_mongo(services)
         plain_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         try:
-            with ShopServer(300, latency_ms=300) as shop:
+            with ShopServer(3000, latency_ms=300) as shop:
                 client = redis.Redis.from_url(services.redis_url)
                 for _ in range(args.runs):
                     results["scrapy version"].append(
