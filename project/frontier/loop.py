@@ -128,6 +128,8 @@ class FrontierLoop:
         self._closing = False
         #: Asked to stop (project/frontier/stopping.py): nothing more is leased or seeded.
         self._stopping = False
+        #: The stop grace is over: requests held at the permit gate go on, to be cut.
+        self._downloads_cut = False
         self._closed = asyncio.Event()  # set by stop(): sleeps of the I/O task end
         self._wakeup = asyncio.Event()
         self._step_done = asyncio.Event()  # set, and replaced, after each step applied
@@ -247,6 +249,7 @@ class FrontierLoop:
         while (
             lease is not None
             and not self._closing
+            and not self._downloads_cut
             and (self._stalled() or not self.ledger.covered(lease.site))
         ):
             if not counted:
@@ -281,6 +284,12 @@ class FrontierLoop:
         on (which gives spare permits back); what is leased goes back when it closes."""
         self._stopping = True
         self._wakeup.set()
+
+    def cut_downloads(self) -> None:
+        """The stop grace is over: nothing waits at the permit gate any more (the download
+        handler cuts what reaches it), so a node stalled or cut off from Redis still closes."""
+        self._downloads_cut = True
+        self._step_done.set()
 
     def step_age(self) -> float | None:
         """Seconds since the last round trip was sent; None before the first."""

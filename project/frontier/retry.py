@@ -14,6 +14,7 @@ from scrapy.utils.response import response_status_message
 
 from project.frontier.config import RetryConfig
 from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
+from project.frontier.stopping import DownloadCut
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -191,6 +192,13 @@ class FrontierRetryMiddleware:
         return copy or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
+        if isinstance(exception, DownloadCut) and request.meta.get(OUTCOME_META_KEY):
+            # cut by the node's stop: it goes back through Redis (its outcome says so), and
+            # the spider's errback never hears of a page another node fetches
+            copy = request.copy()
+            copy.meta[RETRY_COPY_META_KEY] = True
+            self.stats.inc_value("frontier/retry/reason/DownloadCut")
+            return copy
         if not _retriable(request) or isinstance(exception, IgnoreRequest):
             return None  # not ours, or dropped on purpose (robots.txt, offsite)
         error = f"{type(exception).__name__}: {str(exception)[:300] or self.policy.why(request, exception)}"

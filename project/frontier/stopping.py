@@ -108,6 +108,7 @@ class NodeStop:
         self._started_at = time.time()
         self._writer: asyncio.Task[None] | None = None
         self._cut_timer: asyncio.TimerHandle | None = None
+        self.closed = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -136,8 +137,21 @@ class NodeStop:
         def handler(signum: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(self.stop, signal.Signals(signum).name)
             previous(signum, frame)
+            # Scrapy's first handler put its force-quit in place for both signals: a second
+            # SIGTERM (a platform's own after a preStop hook, a scaler's) would drop the
+            # settlements of the close. Ctrl-C twice still forces.
+            signal.signal(signal.SIGTERM, self._again)
 
         return handler
+
+    def _again(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        logger.warning(
+            "%s again: already stopping (within FLEET_STOP_GRACE=%g s and the close);"
+            " SIGINT twice or SIGKILL forces",
+            signal.Signals(signum).name,
+            self.config.stop_grace,
+        )
 
     def _frontier_started(self, loop: FrontierLoop, **_: Any) -> None:
         self.loop = loop
@@ -145,6 +159,7 @@ class NodeStop:
             self.state = "crawling"
 
     def _spider_closed(self) -> None:
+        self.closed = True
         if self._cut_timer is not None:
             self._cut_timer.cancel()
         if self._writer is not None:
@@ -159,8 +174,8 @@ class NodeStop:
 
     def stop(self, why: str) -> None:
         """Lease nothing more; cut the downloads still running after the grace."""
-        if self.asked_at is not None:
-            return
+        if self.asked_at is not None or self.closed:
+            return  # once is enough; closed, there is nothing left to stop (or to write)
         self.asked_at = time.monotonic()
         self.state = "stopping"
         self.stats.set_value("fleet/stop/signal", why)
@@ -177,7 +192,14 @@ class NodeStop:
             self._write_health()
 
     def _cut(self) -> None:
-        self.crawler.signals.send_catch_log(downloads_cut, grace=self.config.stop_grace)
+        if self.loop is not None:
+            self.loop.cut_downloads()
+        receivers = self.crawler.signals.send_catch_log(downloads_cut, grace=self.config.stop_grace)
+        if not receivers:
+            logger.warning(
+                "FLEET_STOP_GRACE is over, but the project's DOWNLOAD_HANDLERS are not the"
+                " fleet's: the downloads in flight run on until DOWNLOAD_TIMEOUT"
+            )
 
     # -- the health file -------------------------------------------------------------
 

@@ -329,7 +329,8 @@ def _site_rows(
             concurrency=concurrency,
             rate=rate,
             latency=_float(total) / n if n > 0 else None,
-            paused=wake is not None and wake > now_ms + 1000,
+            # a site waiting for its rate's next token is not paused (a block, a Retry-After)
+            paused=wake is not None and wake > now_ms + 1000 + (1000 / rate if rate > 0 else 0),
         )
     since_ms = now_ms - IDLE_LISTED_SECONDS * 1000
 

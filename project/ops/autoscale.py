@@ -151,7 +151,14 @@ def _autoscale(args: argparse.Namespace) -> int:
     rounds = 0
     while args.rounds is None or rounds < args.rounds:
         started_at = time.monotonic()
-        scale = read()
+        try:
+            scale = read()
+        except CommandError as exc:  # Redis away: this look is skipped, the next may do
+            print(f"{datetime.now(UTC):%H:%M:%S}Z cannot read the frontier: {exc}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            rounds += 1
+            time.sleep(args.interval)
+            continue
         fleet = [_jobs(node, args.project, args.spider) for node in nodes]
         current = sum(jobs.count for jobs in fleet)
         delta = decide(

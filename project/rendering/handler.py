@@ -123,7 +123,11 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         if self._cut.done():
             raise cut(request, self._cut.result())
         download = asyncio.ensure_future(super().download_request(request))
-        await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            download.cancel()  # this download itself was cancelled: not left running
+            raise
         if not download.done():
             download.cancel()
             self.stats.inc_value("fleet/stop/cut")
