@@ -91,6 +91,32 @@ def _fleetcrawl(*args: str | Path) -> int:
 
 
 @pytest.mark.crawl
+def test_requests_waiting_in_a_download_slot_are_cut_with_the_grace(
+    fleet, make_shop, mongo
+) -> None:
+    """Scrapy's DOWNLOAD_DELAY (per node) holds the node's leased requests in its download
+    slot, one every 2 s: at the end of the grace they are cut and handed back at once, not
+    sent one a delay apart for half a minute."""
+    shop = make_shop(products=200, latency_ms=50)
+    node = {"FLEET_STOP_GRACE": 1.0, "DOWNLOAD_DELAY": 2, "RANDOMIZE_DOWNLOAD_DELAY": False}
+    fleet.start_node(**node)
+    fleet.seed(shop.url("/"))
+    wait_for(lambda: fleet.client().zcard(fleet.keys.inflight) >= 8, 60, "requests leased ahead")
+    asked = time.monotonic()
+    fleet.procs[0].send_signal(signal.SIGTERM)
+    assert fleet.procs[0].wait(60) == 0
+    took = time.monotonic() - asked
+    queued = fleet.stat(0, "fleet/stop/cut_queued")
+    print(f"stopped in {took:.1f} s, {queued} requests cut in the slot")
+    assert queued >= 4
+    assert took < _PLATFORM_GRACE / 2  # one a delay apart, they would have taken 2 s each
+    # nothing lost: another node crawls what was cut
+    fleet.start_node()
+    assert fleet.wait(120) == [0, 0]
+    assert mongo.products.count_documents({}) == 200
+
+
+@pytest.mark.crawl
 def test_the_health_file_answers_probes_and_stop(fleet: Fleet, make_shop, tmp_path: Path) -> None:
     """``fleetcrawl probe ready|live`` and ``fleetcrawl stop`` against a real node."""
     shop = make_shop(products=400, latency_ms=200)

@@ -194,12 +194,29 @@ class NodeStop:
     def _cut(self) -> None:
         if self.loop is not None:
             self.loop.cut_downloads()
+        self._cut_queued()
         receivers = self.crawler.signals.send_catch_log(downloads_cut, grace=self.config.stop_grace)
         if not receivers:
             logger.warning(
                 "FLEET_STOP_GRACE is over, but the project's DOWNLOAD_HANDLERS are not the"
                 " fleet's: the downloads in flight run on until DOWNLOAD_TIMEOUT"
             )
+
+    def _cut_queued(self) -> None:
+        """Requests still waiting in Scrapy's download slots (a DOWNLOAD_DELAY, AutoThrottle)
+        are cut too: they would leave one a delay apart, long after the grace."""
+        engine = self.crawler.engine
+        slots = getattr(getattr(engine, "downloader", None), "slots", None) or {}
+        queued = 0
+        for slot in list(slots.values()):
+            waiting = getattr(slot, "queue", None)
+            while waiting:
+                request, deferred = waiting.popleft()
+                queued += 1
+                deferred.errback(cut(request, self.config.stop_grace))
+        if queued:
+            self.stats.inc_value("fleet/stop/cut_queued", queued)
+            logger.info("%d requests waiting in download slots cut by the node's stop", queued)
 
     # -- the health file -------------------------------------------------------------
 
