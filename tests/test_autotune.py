@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import statistics
 import time
 import urllib.request
 
@@ -49,11 +50,16 @@ def test_the_limit_grows_at_the_latency_floor_and_settles_at_the_knee() -> None:
     tuner = _tuner(FLEET_AUTOTUNE_START=2, FLEET_AUTOTUNE_WINDOW=1)
     limits = []
     start = time.monotonic()
-    for second in range(1, 121):
+    for second in range(1, 901):
         latency = 0.1 * max(1.0, tuner.limit / 16)
         limits.append(_window(tuner, start + second, latency))
     assert limits[0] == 3
-    assert all(15 <= limit <= 20 for limit in limits[-30:]), limits[-30:]
+    # half an hour of 2 s windows: no creep (a node held past the knee takes its own
+    # queueing for the floor without the probes), a quarter off every 30th window
+    last = limits[-300:]
+    assert 15 <= statistics.mean(last) <= 19, last
+    assert max(last) <= 20, last
+    assert min(last) >= 12, last
 
 
 def test_an_idle_limit_holds_and_an_overloaded_node_backs_off() -> None:
@@ -63,7 +69,7 @@ def test_an_idle_limit_holds_and_an_overloaded_node_backs_off() -> None:
     for _ in range(20):
         tuner.download_ended(0.1)
     assert tuner.tick(start + 1) == 10
-    tuner._lag = 0.5  # the event loop ran half a second late
+    tuner._lags[:] = [0.5] * 10  # the event loop ran half a second late, again and again
     assert _window(tuner, start + 2, 0.1) == 9
     assert tuner.tick(start + 2.5) == 9, "no window passed"
 

@@ -44,9 +44,13 @@ logger = logging.getLogger(__name__)
 _TOLERANCE = 1.1
 #: The most a window takes off the limit (one slow window is not the sites' new pace).
 _MOST_CUT = 0.75
-#: Windows whose mean latency the floor is the lowest of (five minutes of 2 s windows): long
-#: enough that a node kept past the knee does not take its own queueing for the floor.
-_FLOOR_WINDOWS = 150
+#: Windows whose mean latency the floor is the lowest of: two probes' worth.
+_FLOOR_WINDOWS = 60
+#: Every this many windows the limit drops by a quarter for one window (a probe, as BBR's
+#: PROBE_RTT): below the knee again, the sites answer at their floor, and the floor stays
+#: theirs. Without it a node held past the knee takes its own queueing for the floor, and
+#: creeps up (a model of a knee at 16 was at 30 after 900 windows).
+_PROBE_EVERY = 30
 #: CPU share of one core (user and system) past which the node is overloaded.
 _CPU_BUSY = 0.9
 #: Seconds the event loop may run late before the node counts as overloaded.
@@ -90,7 +94,9 @@ class Autotune:
         self._floors: deque[float] = deque(maxlen=_FLOOR_WINDOWS)
         self._window_at = time.monotonic()
         self._cpu_at = self._cpu()
-        self._lag = 0.0
+        #: how late the event loop woke, every tenth of a second of this window
+        self._lags: list[float] = []
+        self._windows = 0
         self._logged = self.limit
         self._lag_task: asyncio.Task[None] | None = None
         stats.set_value("autotune/limit", self.limit)
@@ -107,7 +113,7 @@ class Autotune:
         while True:
             asked = time.monotonic()
             await asyncio.sleep(0.1)
-            self._lag = max(self._lag, time.monotonic() - asked - 0.1)
+            self._lags.append(time.monotonic() - asked - 0.1)
 
     @staticmethod
     def _cpu() -> float:
@@ -133,12 +139,15 @@ class Autotune:
         used = self._busy_sum / self._busy_n if self._busy_n else 0.0
         cpu_now = self._cpu()
         cpu = (cpu_now - self._cpu_at) / elapsed
-        lag = self._lag
+        # the loop's lag nine times in ten: one long callback is not an overloaded node
+        lag = _quantile(self._lags, 0.9)
         self._latencies.clear()
-        self._busy_sum, self._busy_n, self._lag = 0.0, 0, 0.0
+        self._lags.clear()
+        self._busy_sum, self._busy_n = 0.0, 0
         self._window_at, self._cpu_at = now, cpu_now
         self._floors.append(latency)
         floor = min(self._floors)
+        self._windows += 1
         gradient = min(1.0, _TOLERANCE * floor / latency) if latency > 0 else 1.0
         overloaded = cpu >= _CPU_BUSY or lag >= _LAG_BUSY
         if overloaded:
@@ -150,6 +159,9 @@ class Autotune:
             limit = self.limit + max(1, self.limit // 10)  # used, at the latency's floor
         else:
             limit = self.limit  # the sites, not the limit, bound the node now
+        if self._windows % _PROBE_EVERY == 0:
+            limit = math.floor(min(limit, self.limit) * _MOST_CUT)
+            self.stats.inc_value("autotune/probes")
         self.limit = min(max(limit, self.least), self.most)
         self.stats.set_value("autotune/limit", self.limit)
         self.stats.set_value("autotune/latency", round(latency, 4))
@@ -166,3 +178,11 @@ class Autotune:
             )
             self._logged = self.limit
         return self.limit
+
+
+def _quantile(values: list[float], share: float) -> float:
+    """The value *share* of the way up *values* sorted (0 when there are none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
