@@ -37,6 +37,7 @@ from project.frontier.robots import (
     RobotsConfig,
 )
 from project.frontier.scheduler import FleetScheduler
+from project.frontier.stopping import cut
 from project.monitoring.node import MonitorConfig
 from project.monitoring.statsfile import StatsFileConfig
 from project.rendering.config import RenderingConfig
@@ -185,6 +186,27 @@ def test_retry_middleware_sends_a_failure_back_to_redis_with_a_pause(
     assert copy.meta[OUTCOME_META_KEY] == dead, "the site still pauses"
     assert stats.get_value("retry/max_reached") == 1
     assert stats.get_value("frontier/retry/max_reached") == 1
+
+
+def test_a_download_cut_by_the_stop_goes_back_unseen_by_errbacks_and_uncounted(
+    redis_url: str, keyspace: KeySpace
+) -> None:
+    crawler = _crawler(redis_url, keyspace, RETRY_TIMES=1)
+    middleware = build_from_crawler(FrontierRetryMiddleware, crawler)
+    request = _leased("http://shop.test/p")
+    exception = cut(request, 20.0)  # what the download handler raises at the grace's end
+    copy = middleware.process_exception(request, exception)
+    # a request back to the engine, which the scheduler drops (no errback fires); the lease
+    # settles as a retry due at once with the request itself, not as another attempt
+    assert isinstance(copy, Request)
+    assert copy.meta[RETRY_COPY_META_KEY] is True
+    outcome = request.meta[OUTCOME_META_KEY]
+    assert (outcome["action"], outcome["delay"], outcome["request"]) == ("retry", 0.0, request)
+    assert "retry_times" not in request.meta
+    # an IgnoreRequest of any other kind is still passed on, unsettled by the middleware
+    other = _leased("http://shop.test/q")
+    assert middleware.process_exception(other, IgnoreRequest("offsite")) is None
+    assert OUTCOME_META_KEY not in other.meta
 
 
 def test_max_retry_times_in_meta_wins_over_retry_times(redis_url: str, keyspace: KeySpace) -> None:
