@@ -48,6 +48,8 @@ class PermitLedger:
         self.prefetch = prefetch
         self.permits: Counter[str] = Counter()  # held, per site
         self.busy: Counter[str] = Counter()  # downloading, per site
+        #: permits the step under way gives back, per site: no download starts with them
+        self._giving: Counter[str] = Counter()
         self.ready: Counter[str] = Counter()  # leased, not dispatched, per site
         self.ended: Counter[str] = Counter()  # downloads ended since the last round trip
         self.shares: dict[str, int] = {}  # this node's share of a site's cap (0: no cap)
@@ -149,7 +151,7 @@ class PermitLedger:
     def usable(self, site: str) -> int:
         """Permits of *site* this node may download with: those above its share go back."""
         share = self.shares.get(site, 0)
-        permits = self.permits[site]
+        permits = self.permits[site] - self._giving[site]
         return min(permits, share) if share else permits
 
     def holds(self, site: str) -> bool:
@@ -194,6 +196,8 @@ class PermitLedger:
                 over = max(over, min(permits - busy, excess))
             if over > 0:
                 batch.give_back.append((site, over))
+                # not used for a download while the step that gives it back is under way
+                self._giving[site] += over
                 permits -= over
                 excess -= over
             held += permits
@@ -232,6 +236,7 @@ class PermitLedger:
     ) -> None:
         """A step ran: permits given back (this node's and the spare ones the step sent
         back), granted, and this node's shares of the caps of the sites it named."""
+        self._giving.clear()  # what this node gave back is in *returned*
         for site, n in returned:
             self.permits[site] -= n
             if self.permits[site] <= 0:
