@@ -118,6 +118,9 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         middleware's gate (project/frontier/gate.py). A download still running when the
         node's stop grace ends is cut: its lease goes back to the fleet."""
         await self._gate.wait(request)
+        if logger.isEnabledFor(logging.DEBUG):
+            # the last gate: what comes after it goes on the wire, even across a stall
+            logger.debug("Download passes the permit gate: %s", mask_url(request.url))
         if self._cut is None:
             self._cut = asyncio.get_running_loop().create_future()
         if self._cut.done():

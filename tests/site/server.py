@@ -156,13 +156,8 @@ class ShopResource(Resource):
         product_id = int(match.group(1)) if match else None
         headers = request.requestHeaders
         agent = (headers.getRawHeaders(b"user-agent") or [b""])[0].decode("utf-8", "replace")
-        channel = request.channel
-        first = not getattr(channel, "fleet_seen", False)
-        if channel is not None:
-            channel.fleet_seen = True
-        opened = getattr(channel, "fleet_opened", None) if first else None
         timed = self._stats.record_request(
-            request.uri.decode("utf-8", "replace"), product_id, agent[:100], opened
+            request.uri.decode("utf-8", "replace"), product_id, agent[:100]
         )
         if headers.hasHeader(b"if-none-match") or headers.hasHeader(b"if-modified-since"):
             self._stats.conditional += 1
@@ -223,8 +218,7 @@ class ShopResource(Resource):
                 self._mixed.reset()
             return self._json(request, {"reset": True})
         if path == "/_timeline":
-            connections = request.args.get(b"connections") == [b"1"]
-            return self._json(request, self._stats.timeline_dict(connections))
+            return self._json(request, self._stats.timeline_dict())
         if path == "/_fail":
             # /_fail?path=/&status=503 (status 0: answer it again)
             target = request.args.get(b"path", [b""])[0].decode("utf-8", "replace")
@@ -520,17 +514,6 @@ class ShopResource(Resource):
         return json.dumps(payload).encode()
 
 
-class _Site(Site):
-    """Twisted's Site, with the time each connection was made on its HTTP channel (for
-    ``/_timeline?connections=1``: a request first on a connection made long before)."""
-
-    def buildProtocol(self, addr: Any) -> Any:
-        protocol = super().buildProtocol(addr)
-        channel = getattr(protocol, "_channel", protocol)
-        channel.fleet_opened = time.time()
-        return protocol
-
-
 def end_child(process: subprocess.Popen[bytes] | None, stderr: IO[bytes] | None) -> None:
     """Terminate *process* (kill it if it does not exit in 10 s), close its pipe and *stderr*."""
     if process is not None:
@@ -655,7 +638,7 @@ def run(config: ShopConfig) -> None:
         broken_share=config.broken_share,
         slow_share=config.slow_share,
     )
-    site = _Site(ShopResource(config, catalogue, reactor))
+    site = Site(ShopResource(config, catalogue, reactor))
     port = reactor.listenTCP(config.port, site, backlog=1024, interface=config.host)
     address = port.getHost()
     sys.stdout.write(f"LISTENING http://{address.host}:{address.port}\n")
@@ -722,12 +705,9 @@ class ShopServer:
         """Current ``/_stats``."""
         return self._get_json("/_stats")
 
-    def timeline(self, connections: bool = False) -> list[list[Any]]:
-        """``[arrival, finish or None, path, user agent]`` of every counted request since start
-        or reset; with *connections*, the time its TCP connection was made last, when it was
-        the connection's first request (else None)."""
-        query = "?connections=1" if connections else ""
-        requests: list[list[Any]] = self._get_json("/_timeline" + query)["requests"]
+    def timeline(self) -> list[list[Any]]:
+        """``[arrival, finish or None, path, user agent]`` of every counted request since start or reset."""
+        requests: list[list[Any]] = self._get_json("/_timeline")["requests"]
         return requests
 
     def catalogue(self, epoch: int | None = None, *, since: int | None = None) -> dict[str, Any]:

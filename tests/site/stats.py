@@ -23,18 +23,14 @@ class Timed:
     arrival: float
     finish: float | None = None
     agent: str = ""  # the client's User-Agent: which node sent it, when nodes set their own
-    #: When its TCP connection was made, if it is the first request on it (else None)
-    opened: float | None = None
 
     def end(self) -> None:
         """The request is over: answered, or dropped by its client."""
         self.finish = time.time()
 
-    def as_list(self, connections: bool = False) -> list[float | str | None]:
-        """``[arrival, finish, path, agent]``, as ``/_timeline`` serves it, with ``opened``
-        last for ``/_timeline?connections=1``."""
-        row = [self.arrival, self.finish, self.path, self.agent]
-        return [*row, self.opened] if connections else row
+    def as_list(self) -> list[float | str | None]:
+        """``[arrival, finish, path, agent]``, as ``/_timeline`` serves it."""
+        return [self.arrival, self.finish, self.path, self.agent]
 
 
 class ShopStats:
@@ -98,14 +94,10 @@ class ShopStats:
         self.body_bytes = 0
 
     def record_request(
-        self,
-        path_with_query: str,
-        product_id: int | None,
-        agent: str = "",
-        opened: float | None = None,
+        self, path_with_query: str, product_id: int | None, agent: str = ""
     ) -> Timed:
         """Count one request as it arrives; the caller ends the returned entry."""
-        timed = Timed(path_with_query, time.time(), agent=agent, opened=opened)
+        timed = Timed(path_with_query, time.time(), agent=agent)
         self.timeline.append(timed)
         self.total += 1
         self.hits[path_with_query] += 1
@@ -142,10 +134,9 @@ class ShopStats:
             "body_bytes": self.body_bytes,
         }
 
-    def timeline_dict(self, connections: bool = False) -> dict[str, object]:
-        """``{"requests": [[arrival, finish_or_null, path, agent], ...]}``, in arrival order
-        (with ``opened`` last when *connections*)."""
-        return {"requests": [timed.as_list(connections) for timed in self.timeline]}
+    def timeline_dict(self) -> dict[str, object]:
+        """``{"requests": [[arrival, finish_or_null, path, agent], ...]}``, in arrival order."""
+        return {"requests": [timed.as_list() for timed in self.timeline]}
 
 
 def open_at_once(timeline: list[list[Any]]) -> int:
