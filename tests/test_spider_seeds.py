@@ -4,7 +4,7 @@ scrapy-redis' format with form data, a spider's own make_request_from_data, and 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import FormRequest, Request, Spider
@@ -15,6 +15,9 @@ from scrapy_redis.spiders import RedisCrawlSpider, RedisSpider
 from project.frontier.seeds import InvalidSeed
 from project.frontier.spiders import FleetSpider, has_own_seeds, requests_from_seed, seed_key
 from project.frontier.wire import decode_request, encode_request
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class Books(RedisSpider):
@@ -145,3 +148,70 @@ def test_readers_count_the_seeds_of_a_spiders_own_redis_key(
     plain = FrontierKeys.for_project_spider(settings, "books_plain")
     assert plain.start_urls == "t:books_plain:start_urls"
     assert FrontierKeys.for_project_spider(settings, "nope").start_urls == "t:nope:start_urls"
+
+
+_LEAF = """
+import os
+from scrapy_redis.spiders import RedisSpider
+from .base import Based
+
+class Computed(RedisSpider):
+    name = "computed"
+    redis_key = os.environ.get("NO_SUCH_VARIABLE", "from:%(name)s")
+
+class Inherits(Based):
+    name = "inherits"
+
+class Own(RedisSpider):
+    name = "own"
+    redis_key = "own:seeds"
+
+class NoKey(RedisSpider):
+    name: str = "nokey"
+"""
+_BASE = """
+import scrapy
+
+class Based(scrapy.Spider):
+    redis_key = "based:seeds"
+"""
+
+
+def test_a_spiders_redis_key_is_read_from_its_source_and_from_scrapy_when_unsure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetcrawl status` reads a spider's redis_key from the project's source (Scrapy's loader
+    imports every spider module: 0.25 s of the command); what the source does not tell for sure
+    it asks the loader, so both give the key the nodes use."""
+    import sys
+
+    from scrapy.settings import Settings
+
+    from project.frontier.keys import FrontierKeys
+    from project.frontier.spider_source import UNSURE, redis_key_in_source
+
+    package = tmp_path / "static_project" / "spiders"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "leaf.py").write_text(_LEAF)
+    (package / "base.py").write_text(_BASE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = ["static_project.spiders"]
+    assert redis_key_in_source(modules, "own") == "own:seeds"
+    assert redis_key_in_source(modules, "inherits") == "based:seeds"  # a base in another module
+    assert redis_key_in_source(modules, "nokey") is None
+    assert redis_key_in_source(modules, "computed") == UNSURE
+    assert redis_key_in_source(modules, "missing") == UNSURE
+    assert redis_key_in_source(["no_such_package.spiders"], "own") == UNSURE
+    settings = Settings({"SPIDER_MODULES": modules})
+    assert FrontierKeys.for_project_spider(settings, "own").start_urls == "own:seeds"
+    assert not any(m.startswith("static_project.spiders.") for m in sys.modules)  # not imported
+    assert FrontierKeys.for_project_spider(settings, "inherits").start_urls == "based:seeds"
+    assert FrontierKeys.for_project_spider(settings, "nokey").start_urls == "nokey:start_urls"
+    # unsure: Scrapy's loader imports the spiders, and the class says
+    assert FrontierKeys.for_project_spider(settings, "computed").start_urls == "from:computed"
+    assert "static_project.spiders.leaf" in sys.modules
+    # two classes of one name: Scrapy's loader decides, as the nodes' does
+    (package / "twin.py").write_text(_LEAF.replace('"own:seeds"', '"twin:seeds"'))
+    assert redis_key_in_source(modules, "own") == UNSURE

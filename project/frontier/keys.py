@@ -18,6 +18,7 @@ from scrapy_redis import defaults
 from project.config import read_settings, setting
 from project.frontier import lua
 from project.frontier.connection import list_setting
+from project.frontier.spider_source import UNSURE, redis_key_in_source
 
 if TYPE_CHECKING:
     from typing import Self
@@ -193,11 +194,14 @@ class FrontierKeys:
         """The keys of *spider* as its nodes use them (``fleetcrawl status``, the dashboard):
         with its class's ``redis_key``, when the project has that spider and it names one."""
         keys = cls.from_settings(settings, spider)
-        try:
-            spidercls = get_spider_loader(settings).load(spider)
-        except (KeyError, ImportError, ValueError, TypeError):
-            return keys  # not a spider of this project (a reader with another project's keys)
-        redis_key = getattr(spidercls, "redis_key", None)
+        # read from the source when it tells: Scrapy's loader imports every spider module
+        redis_key = redis_key_in_source(settings.getlist("SPIDER_MODULES"), spider)
+        if redis_key == UNSURE:
+            try:
+                spidercls = get_spider_loader(settings).load(spider)
+            except (KeyError, ImportError, ValueError, TypeError):
+                return keys  # not a spider of this project (a reader of another project's)
+            redis_key = getattr(spidercls, "redis_key", None)
         if not isinstance(redis_key, str) or not redis_key.strip():
             return keys
         try:
