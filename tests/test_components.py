@@ -37,10 +37,11 @@ from project.frontier.robots import (
     RobotsConfig,
 )
 from project.frontier.scheduler import FleetScheduler
-from project.frontier.stopping import cut
+from project.frontier.stopping import cut, send_back
 from project.monitoring.node import MonitorConfig
 from project.monitoring.statsfile import StatsFileConfig
 from project.rendering.config import RenderingConfig
+from project.rendering.middleware import RenderWait
 from project.storage.config import MongoConfig
 from spiders.products import ProductsSpider
 
@@ -203,6 +204,13 @@ def test_a_download_cut_by_the_stop_goes_back_unseen_by_errbacks_and_uncounted(
     outcome = request.meta[OUTCOME_META_KEY]
     assert (outcome["action"], outcome["delay"], outcome["request"]) == ("retry", 0.0, request)
     assert "retry_times" not in request.meta
+    # a page put off while its render pattern learns goes back the same way, due later
+    waiting = _leased("http://shop.test/w")
+    send_back(waiting, 1.0, "RenderWait: samples out")
+    assert isinstance(middleware.process_exception(waiting, RenderWait("samples out")), Request)
+    assert waiting.meta[OUTCOME_META_KEY]["delay"] == 1.0
+    assert crawler.stats.get_value("frontier/sent_back") == 2
+    assert crawler.stats.get_value("frontier/retry/reason/RenderWait") == 1
     # an IgnoreRequest of any other kind is still passed on, unsettled by the middleware
     other = _leased("http://shop.test/q")
     assert middleware.process_exception(other, IgnoreRequest("offsite")) is None

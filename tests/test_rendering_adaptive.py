@@ -22,18 +22,20 @@ from project.frontier.queue import StepBatch
 from project.items import ProductItem
 from project.monitoring.status import render_patterns
 from project.rendering.evidence import agree, path_template, pattern_key, summarize
-from project.rendering.middleware import RenderingMiddleware
+from project.rendering.middleware import RenderingMiddleware, RenderWait
 from project.rendering.plan import (
     MODE_BROWSER,
     MODE_HTTP,
     ROLE_BROWSER,
     ROLE_HTTP,
     ROLE_SAMPLE,
+    ROLE_WAIT,
+    WAIT_SECONDS,
     Pattern,
     RenderPlan,
     plan_of,
 )
-from project.rendering.wire import ADAPTIVE_META_KEY
+from project.rendering.wire import ADAPTIVE_META_KEY, WAITS_META_KEY
 from project.utils import child_processes
 from spiders.products import ProductsSpider
 from tests.fleet import run_cli, wait_for
@@ -150,6 +152,47 @@ def test_a_learning_pattern_is_sampled_then_rendered_until_the_fleet_answers() -
     plan = _plan()
     roles = [plan.decide("s\t/p/{n}\tparse") for _ in range(5)]
     assert roles == [ROLE_SAMPLE] * 3 + [ROLE_BROWSER] * 2
+
+
+def test_a_leased_page_of_a_learning_pattern_waits_for_the_fleets_answer_a_few_times() -> None:
+    """While its samples are out, a leased page of the pattern goes back to the fleet unfetched
+    (a retry due in WAIT_SECONDS, not an attempt) rather than to the browser, at most
+    MOST_WAITS times; a page that is not leased (no frontier) is rendered."""
+    from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY
+    from project.rendering.plan import MOST_WAITS
+
+    crawler = get_crawler(ProductsSpider, _ADAPTIVE)
+    crawler.stats.open_spider()
+    middleware = build_from_crawler(RenderingMiddleware, crawler)
+    plan = plan_of(crawler)
+    assert plan is not None
+    assert [plan.decide("k", can_wait=True) for _ in range(4)] == [ROLE_SAMPLE] * 3 + [ROLE_WAIT]
+
+    def page(n: int, **meta: Any) -> Request:
+        return Request(f"https://shop.test/p/{n}", meta={LEASE_META_KEY: b"m", **meta})
+
+    for n in range(3):  # the samples
+        request = page(n)
+        middleware.process_request(request)
+        assert request.meta[ADAPTIVE_META_KEY]["r"] == ROLE_SAMPLE
+    waiting = page(3)
+    with pytest.raises(RenderWait):
+        middleware.process_request(waiting)
+    outcome = waiting.meta[OUTCOME_META_KEY]
+    assert (outcome["action"], outcome["delay"]) == ("retry", WAIT_SECONDS)
+    assert outcome["request"] is waiting
+    assert "retry_times" not in waiting.meta
+    assert waiting.meta[WAITS_META_KEY] == 1
+    assert "playwright" not in waiting.meta
+    # waited enough (or a count no wait leaves, from a stranger in Redis): rendered
+    for waits in (MOST_WAITS, -1):
+        tired = page(4, **{WAITS_META_KEY: waits})
+        middleware.process_request(tired)
+        assert tired.meta["playwright"] is True
+    unleased = Request("https://shop.test/p/5")
+    middleware.process_request(unleased)
+    assert unleased.meta["playwright"] is True
+    assert crawler.stats.get_value("render/adaptive/wait") == 1
 
 
 def test_a_settled_pattern_is_sampled_again_more_while_its_evidence_is_thin() -> None:

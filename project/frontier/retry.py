@@ -14,7 +14,7 @@ from scrapy.utils.response import response_status_message
 
 from project.frontier.config import RetryConfig
 from project.frontier.meta import LEASE_META_KEY, OUTCOME_META_KEY, RETRY_COPY_META_KEY
-from project.frontier.stopping import DownloadCut
+from project.frontier.stopping import SentBack
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -192,12 +192,14 @@ class FrontierRetryMiddleware:
         return copy or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
-        if isinstance(exception, DownloadCut) and request.meta.get(OUTCOME_META_KEY):
-            # cut by the node's stop: it goes back through Redis (its outcome says so), and
-            # the spider's errback never hears of a page another node fetches
+        if isinstance(exception, SentBack) and request.meta.get(OUTCOME_META_KEY):
+            # cut by the node's stop, or put off: it goes back through Redis (its outcome
+            # says so), and the spider's errback never hears of a page fetched later
             copy = request.copy()
             copy.meta[RETRY_COPY_META_KEY] = True
-            self.stats.inc_value("frontier/retry/reason/DownloadCut")
+            self.stats.inc_value(f"frontier/retry/reason/{type(exception).__name__}")
+            # Scrapy counts it in downloader/exception_count: the error figures take it off
+            self.stats.inc_value("frontier/sent_back")
             return copy
         if not _retriable(request) or isinstance(exception, IgnoreRequest):
             return None  # not ours, or dropped on purpose (robots.txt, offsite)

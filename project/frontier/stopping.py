@@ -76,21 +76,32 @@ class StopConfig:
         return config
 
 
-class DownloadCut(IgnoreRequest):
+class SentBack(IgnoreRequest):
+    """A leased request this node gives back to the fleet unfetched: a retry due after a
+    delay (its outcome says which), not counted as an attempt."""
+
+
+class DownloadCut(SentBack):
     """A download still running when the stop grace ended: its lease goes back as a retry
     due at once (another node fetches the page), not counted as an attempt."""
+
+
+def send_back(request: Request, delay: float, error: str) -> None:
+    """Mark leased *request* to go back to the fleet, due in *delay* seconds, unfetched and
+    not counted as an attempt (raise a :class:`SentBack` then)."""
+    if request.meta.get(LEASE_META_KEY):
+        request.meta[OUTCOME_META_KEY] = {
+            "action": "retry",
+            "delay": delay,
+            "error": error,
+            "request": request,
+        }
 
 
 def cut(request: Request, grace: float) -> DownloadCut:
     """Mark *request*, whose download is cut, to go back to the fleet; the exception to raise."""
     error = f"DownloadCut: still downloading {grace:g} s after the node was asked to stop"
-    if request.meta.get(LEASE_META_KEY):
-        request.meta[OUTCOME_META_KEY] = {
-            "action": "retry",
-            "delay": 0.0,
-            "error": error,
-            "request": request,
-        }
+    send_back(request, 0.0, error)
     return DownloadCut(error)
 
 

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING
 from scrapy.http.request import NO_CALLBACK
 from scrapy_playwright.page import PageMethod
 
+from project.frontier.meta import LEASE_META_KEY
+from project.frontier.stopping import SentBack, send_back
 from project.rendering.config import RenderingConfig, parse_render_rules
 from project.rendering.evidence import callback_name, pattern_key
-from project.rendering.plan import ROLE_BROWSER, plan_of
+from project.rendering.plan import MOST_WAITS, ROLE_BROWSER, ROLE_WAIT, WAIT_SECONDS, plan_of
 from project.rendering.wire import (
     ABORT_META_KEY,
     ADAPTIVE_META_KEY,
     RULE_META_KEY,
     WAIT_FOR_META_KEY,
+    WAITS_META_KEY,
 )
 
 if TYPE_CHECKING:
@@ -28,12 +31,18 @@ if TYPE_CHECKING:
     from project.rendering.config import RenderRule
     from project.rendering.plan import RenderPlan
 
-__all__ = ["FALLBACK_META_KEY", "RenderingMiddleware"]
+__all__ = ["FALLBACK_META_KEY", "RenderWait", "RenderingMiddleware"]
 
 logger = logging.getLogger(__name__)
 
 #: request.meta key of a spider's rendered second fetch; such a page is never rendered again.
 FALLBACK_META_KEY = "render_fallback"
+
+
+class RenderWait(SentBack):
+    """A request of a pattern whose samples are out: back to the fleet for a moment, so it is
+    fetched the way the fleet's answer says rather than rendered meanwhile."""
+
 
 #: Contexts named by the middleware: ``fleet-0``, ``fleet-1``, ...
 _CONTEXT_PREFIX = "fleet-"
@@ -141,11 +150,20 @@ class RenderingMiddleware:
         )
 
     def _adapt(self, request: Request) -> bool:
-        """Set the request's adaptive role; True when it goes to the browser."""
+        """Set the request's adaptive role; True when it goes to the browser. A leased
+        request of a pattern whose samples are out goes back to the fleet (RenderWait)."""
         assert self.plan is not None
         key = pattern_key(request.url, callback_name(request))
-        role = self.plan.decide(key)
+        waits = request.meta.get(WAITS_META_KEY)
+        waits = waits if isinstance(waits, int) and not isinstance(waits, bool) else 0
+        can_wait = bool(request.meta.get(LEASE_META_KEY)) and 0 <= waits < MOST_WAITS
+        role = self.plan.decide(key, can_wait)
         self.stats.inc_value(f"render/adaptive/{role}")
+        if role == ROLE_WAIT:
+            request.meta[WAITS_META_KEY] = waits + 1
+            why = f"RenderWait: its render pattern's samples are out (wait {waits + 1})"
+            send_back(request, WAIT_SECONDS, why)
+            raise RenderWait(why)
         request.meta[ADAPTIVE_META_KEY] = {"k": key, "r": role}
         if role != ROLE_BROWSER:
             return False

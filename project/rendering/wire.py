@@ -34,6 +34,7 @@ __all__ = [
     "PROCESS_LOCAL_META",
     "RULE_META_KEY",
     "TWIN_META_KEY",
+    "WAITS_META_KEY",
     "WAIT_FOR_META_KEY",
     "allow_page_method",
     "check_rule_page_method",
@@ -93,6 +94,8 @@ ADAPTIVE_META_KEY = "_render_adaptive"
 #: A sample's browser twin: ``{"k": pattern, "p": the plain fetch's summary, "w": why}``;
 #: it travels through Redis (another node may render it).
 TWIN_META_KEY = "render_twin"
+#: Times a request went back to the fleet to wait for its pattern's answer (it travels).
+WAITS_META_KEY = "render_waits"
 
 _PAGE_METHODS_KEY = "playwright_page_methods"
 _CODEC_TAG = "page_method"

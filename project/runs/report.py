@@ -217,8 +217,17 @@ async def finish_run(
             stored += await database[name].count_documents(
                 {"source_spider": spider, "gone_at": {"$exists": False}}
             )
-        errors = _total(counts, "downloader/exception_count", "frontier/dead") + int(
-            sum(v for k, v in counts.items() if k.startswith("downloader/response_status_count/5"))
+        # a request sent back unfetched (the stop's cut, a render wait) is no error
+        errors = (
+            _total(counts, "downloader/exception_count", "frontier/dead")
+            - _total(counts, "frontier/sent_back")
+            + int(
+                sum(
+                    v
+                    for k, v in counts.items()
+                    if k.startswith("downloader/response_status_count/5")
+                )
+            )
         )
         requests = max(1, _total(counts, "downloader/request_count"))
         report: _Document = {
