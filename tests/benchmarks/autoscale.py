@@ -7,7 +7,11 @@ For a few crawl shapes, the test shops' pages at ``--latency-ms`` each and every
 
 - one site capped at 8 downloads at once, 2 a node;
 - 12 sites capped at 1 each, 2 a node;
+- 50 sites capped at 1 each, 8 a node, their pages at 2 s each (so that 9 nodes of 8 fit on
+  2 CPUs without the CPU being what limits them);
 - one site capped at 1 (what is left of a crawl), 2 a node.
+
+``--shapes 1,3`` runs some of them (numbered from 1 in that order).
 
 For each node count of the shape, real ``scrapy crawl`` nodes crawl for ``--seconds`` after a
 warm-up, and the pages/s the shops served are measured; the best count is the smallest that
@@ -53,11 +57,14 @@ class Shape:
     cap: int
     per_node: int
     counts: tuple[int, ...]
+    #: its pages' latency, when not --latency-ms
+    latency_ms: float | None = None
 
 
 SHAPES = (
     Shape("one site, cap 8", 1, 8, 2, (1, 2, 3, 4, 6)),
     Shape("12 sites, cap 1 each", 12, 1, 2, (2, 4, 6, 8)),
+    Shape("50 sites, cap 1 each", 50, 1, 8, (3, 5, 7, 9), latency_ms=2000.0),
     Shape("one site, cap 1 (left)", 1, 1, 2, (1, 2, 3)),
 )
 
@@ -142,7 +149,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--latency-ms", type=float, default=500.0)
+    parser.add_argument("--shapes", default="", help="the shapes to run, e.g. 1,3 (all)")
     args = parser.parse_args()
+    chosen = [int(n) for n in args.shapes.split(",") if n] or range(1, len(SHAPES) + 1)
     rows = []
     with tempfile.TemporaryDirectory(prefix="autoscale-") as name:
         state = Path(name)
@@ -151,14 +160,13 @@ def main() -> None:
         start_redis(services)
         start_mongo(services)
         try:
-            for shape in SHAPES:
+            for shape in (SHAPES[n - 1] for n in chosen):
+                latency = shape.latency_ms or args.latency_ms
                 # enough pages for the busiest count: every slot busy the whole run
-                pages = int(shape.cap * (_WARM_UP + args.seconds + 10) / (args.latency_ms / 1000))
+                pages = int(shape.cap * (_WARM_UP + args.seconds + 10) / (latency / 1000))
                 with ExitStack() as stack:
                     shops = [
-                        stack.enter_context(
-                            ShopServer(pages + 50, latency_ms=args.latency_ms, seed=i)
-                        )
+                        stack.enter_context(ShopServer(pages + 50, latency_ms=latency, seed=i))
                         for i in range(shape.sites)
                     ]
                     rates = {}
@@ -178,7 +186,8 @@ def main() -> None:
             stop_service(services, "mongo")
             stop_service(services, "redis")
     print(
-        f"autoscale: {args.latency_ms:g} ms a page, {os.cpu_count()} CPUs, {args.seconds:g} s a run"
+        f"autoscale: {args.latency_ms:g} ms a page (unless the shape says), {os.cpu_count()} CPUs,"
+        f" {args.seconds:g} s a run"
     )
     print(f"{'shape':>24} {'pages/s by nodes':>40} {'best':>5} {'useful (read per run)':>22}")
     for shape, rates, best, useful_seen in rows:
