@@ -388,6 +388,31 @@ def test_release_gives_back_leases_and_permits(
     assert redis_client.exists(keys.permits_of("node-a")) == 0
 
 
+def test_a_closing_step_settles_and_hands_back_leases_and_permits_in_one_round_trip(
+    redis_url: str, redis_client: sync_redis.Redis, keys: FrontierKeys
+) -> None:
+    """SIGTERM's hand-back: the step that acks a node's last download also gives every permit
+    back and puts its unstarted leases back in the queue (step/release.lua)."""
+
+    async def scenario(a: LeasedQueue, b: LeasedQueue) -> None:
+        await a.step(StepBatch(enqueue=[entry(n) for n in range(4)]))
+        leased = (await a.step(StepBatch(want=3))).leased
+        assert len(leased) == 3
+        done, *unstarted = [a.request_member(x.site, x.payload) for x in leased]
+        closing = StepBatch(acks=[done], releasing=True, release=[*unstarted, b"not-held"])
+        result = await a.step(closing)
+        assert result.released == 2  # a member it no longer holds is skipped
+        assert redis_client.zcard(keys.inflight) == 0
+        assert redis_client.hget(keys.active, "s") is None
+        assert redis_client.zscore(keys.holders, "node-a") is None
+        assert len((await b.step(StepBatch(want=4))).leased) == 3  # the unstarted two, one more
+        # a step without it releases nothing
+        assert (await b.step(StepBatch())).released == 0
+
+    run(redis_url, keys, scenario, limits=SiteLimits(concurrency=3))
+    assert redis_client.exists(keys.permits_of("node-a")) == 0
+
+
 def test_lease_spends_a_sites_tokens_at_its_rate(redis_url: str, keys: FrontierKeys) -> None:
     async def scenario(a: LeasedQueue, _: LeasedQueue) -> None:
         await a.step(StepBatch(enqueue=[entry(n) for n in range(10)]))

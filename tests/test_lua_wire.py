@@ -124,6 +124,7 @@ def test_every_option_the_node_sends_is_in_the_header() -> None:
         seed_want=1,
         session_options={"size": 1},
         render_options={"known": -1},
+        releasing=True,
     )
     sent = set(json.loads(_Queue()._options(batch)))
     assert sent == described
@@ -151,7 +152,7 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
         ("wait_ms", None), ("now", 1_700_000_000_000), ("replayed", 0),
         ("sessions", [b"s", 3, b"[]", b"{}"]), ("retired", 1), ("probes", [b"s\nhttp://p:1"]),
         ("sites_forgotten", 2), ("render", [5, b'{"s\t/p/{n}\tparse":["http",3,0,1,[]]}', 0]),
-        ("patterns_forgotten", 1),
+        ("patterns_forgotten", 1), ("released", 3),
     ]  # fmt: skip
     flat = [v for name, value in pairs for v in (name.encode(), value)]
     backwards = [v for name, value in reversed(pairs) for v in (name.encode(), value)]
@@ -167,3 +168,4 @@ def test_the_reply_decodes_by_name_whatever_the_order(redis_client, keys) -> Non
     assert first.sites_forgotten == 2
     assert first.render == (5, b'{"s\t/p/{n}\tparse":["http",3,0,1,[]]}', False)
     assert first.patterns_forgotten == 1
+    assert first.released == 3

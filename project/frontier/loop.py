@@ -123,6 +123,7 @@ class FrontierLoop:
         self._counts: Counts | None = None
         self._dupe_logged = False  # Scrapy logs the first duplicate, or all with DUPEFILTER_DEBUG
         self._last_step = 0.0
+        self._released = 0  # unstarted leases the last step handed back (a closing one)
         self._held_back = False  # pop() refused to dispatch while no step confirmed the permits
         self._walk_open = True  # the last round trip's walk used every slot it asked for
         self._closing = False
@@ -314,10 +315,15 @@ class FrontierLoop:
         # Everything dispatched has left the engine by now.
         self._reconcile(force=True)
         try:
+            # the step that settles what is left hands back the rest in the same round trip
+            # (step/release.lua); with nothing to settle, the release script alone does
+            released: int | None = None
             while self._enqueue or self.settlements or self.claim.state == START_END:
                 await self._step(closing=True)
-            held = [lease.member for lease in self.ledger.undispatched()]
-            released = await self.queue.release(held)
+                released = (released or 0) + self._released
+            if released is None:
+                held = [lease.member for lease in self.ledger.undispatched()]
+                released = await self.queue.release(held)
             self.ledger.release()
             if released:
                 logger.info("Released %d unstarted leases", released, extra={"spider": self.spider})
@@ -444,6 +450,10 @@ class FrontierLoop:
             if _harmed_by_a_second_run(batch):
                 self._seq += 1
                 batch.seq = self._seq
+        if closing:
+            # the node closes: every permit and unstarted lease goes back after the settling
+            batch.releasing = True
+            batch.release = [lease.member for lease in self.ledger.undispatched()]
         self._unsent = (now, batch, settled)
         sent_at = time.monotonic()  # the holder deadline the step sets counts from about here
         wall_sent = time.time()
@@ -453,6 +463,7 @@ class FrontierLoop:
         if result.replayed:
             self.stats.inc_value("frontier/steps_replayed")
         self._last_step = sent_at
+        self._released = result.released
         self.stats.inc_value("frontier/round_trips")
         moved = self._apply(now, batch, settled, result)
         done, self._step_done = self._step_done, asyncio.Event()

@@ -38,6 +38,7 @@ SECTIONS: Final = (
     ("session", "sessions", ("kind", "site", "id", "proxy", "data")),
     ("render", "render", ("pattern", "outcome", "data")),
     ("ahead", "ahead", ("site", "requests", "permits", "held", "spare")),
+    ("release", "release", ("member",)),
 )
 
 #: The names of the step's reply, name/value pairs (lua/step.lua's header).
@@ -74,6 +75,7 @@ REPLY: Final = (
     "sites_forgotten",
     "render",
     "patterns_forgotten",
+    "released",
 )
 
 _MEMBER_REQUEST = MEMBER_REQUEST.encode()
@@ -164,6 +166,10 @@ class StepBatch:
     #: (records in all, of one site, runs and ms a record may go unrediscovered): the caps
     #: and the forgetting of revisit records, sent with revisits or a sweep
     revisit_limits: tuple[int, int, int, int] | None = None
+    #: The node closes (``releasing``): after the settlements, every permit it holds goes
+    #: back to the fleet and these unstarted leases (members) to the queue (step/release.lua)
+    releasing: bool = False
+    release: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +249,8 @@ class StepResult:
     render: tuple[int, bytes, bool] | None = None
     #: Render patterns this step's maintenance forgot.
     patterns_forgotten: int = 0
+    #: With ``releasing``: the unstarted leases that went back to the queue.
+    released: int = 0
 
 
 class LeasedQueue(Base):  # type: ignore[misc]
@@ -337,6 +345,8 @@ class LeasedQueue(Base):  # type: ignore[misc]
             options["sessions"] = batch.session_options
         if batch.render_options is not None:
             options["render"] = batch.render_options
+        if batch.releasing:
+            options["release"] = True
         if batch.revisit_limits and (batch.sweep or batch.revisits):
             options["revisit_limits"] = list(batch.revisit_limits)
         return json.dumps(options, separators=(",", ":")).encode()
@@ -455,6 +465,7 @@ def _decode_reply(raw: list[Any]) -> StepResult:
             (site, proxy) for site, _, proxy in (_text(p).partition("\n") for p in reply["probes"])
         ],
         sites_forgotten=int(reply["sites_forgotten"]),
+        released=int(reply["released"]),
         render=(int(render[0]), render[1], bool(render[2])) if render else None,
         patterns_forgotten=int(reply["patterns_forgotten"]),
     )

@@ -76,12 +76,15 @@
                                asks for (step/sessions.lua); absent: no sessions
                render          adaptive rendering: the version of the patterns this node
                                knows, and their limits (step/render.lua); absent: off
+               release         true: the node closes; after the settlements, every permit it
+                               holds goes back, and the release section's leases to the
+                               queue (step/release.lua)
                start           CODE.start_extend: extend this node's claim on start();
                                CODE.start_end: its start() is over and its requests are
                                in (this step enqueues the last)
     ARGV[2..] the sections, each described by the phase that reads it: enqueue, ack,
               retry, dead, revisit, heartbeat, give_back, permit_table, pause, latency,
-              session, render, ahead
+              session, render, ahead, release
 
   Reply: name/value pairs {name, value, name, value, ...}:
     added         requests queued
@@ -128,6 +131,7 @@
     render        {version, changes JSON, full}: the patterns changed since the version the
                   node knows (step/render.lua), or {} without options.render
     patterns_forgotten  patterns maintenance forgot (no outcome for long)
+    released      with options.release: the unstarted leases that went back to the queue
 ]]
 --@include lib/time.lua
 --@include lib/chunked.lua
@@ -153,6 +157,7 @@
 --@include step/wake.lua
 --@include step/seeds.lua
 --@include step/start.lua
+--@include step/release.lua
 
 local opt = cjson.decode(ARGV[1])
 if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
@@ -165,7 +170,8 @@ if opt.seq and redis.call('SET', K.holders .. ':seq:' .. opt.node, opt.seq,
             'permits_held', {}, 'leased', {}, 'permits', {}, 'shares', {}, 'rejoined', 0,
             'seeds', {}, 'seeds_kind', CODE.seeds_list, 'start_held', 0, 'counts', {},
             'wait_ms', false, 'now', now_ms(), 'replayed', 1, 'sessions', {}, 'retired', 0,
-            'probes', {}, 'sites_forgotten', 0, 'render', {}, 'patterns_forgotten', 0}
+            'probes', {}, 'sites_forgotten', 0, 'render', {}, 'patterns_forgotten', 0,
+            'released', 0}
 end
 local S = read_sections(opt.sections)
 local limits = opt.limits
@@ -208,6 +214,7 @@ if opt.join_first and seed_want > 0
 end
 local seeds, seeds_kind = Seeds.take(seed_want, deadline, opt.node)
 local start_held = StartClaim.run(opt.start, opt.node, opt.lease_ms)
+local released = Release.run(S.release, opt.release, opt.node)
 
 local counts = {}
 if opt.maintain or opt.count then
@@ -247,4 +254,4 @@ return {'added', added, 'duplicates', dupes, 'offsite', offsite, 'duplicate_at',
         'start_held', start_held, 'counts', counts, 'wait_ms', wait_ms, 'now', now,
         'replayed', 0, 'sessions', session_views, 'retired', sessions_retired,
         'probes', probes, 'sites_forgotten', sites_forgotten, 'render', render_view,
-        'patterns_forgotten', patterns_forgotten}
+        'patterns_forgotten', patterns_forgotten, 'released', released}
