@@ -136,3 +136,24 @@ def test_the_health_file_answers_probes_and_stop(fleet: Fleet, make_shop, tmp_pa
     assert fleet.stats(0)["fleet/stop/signal"] == "SIGTERM"
     assert not health.exists()  # removed at close: the probes say so
     assert _fleetcrawl("probe", "live", "--file", health) == 1
+
+
+@pytest.mark.crawl
+def test_a_render_cut_by_the_stop_closes_its_page(fleet: Fleet, make_shop) -> None:
+    """A render still running at the end of the grace is cut like a download, and its page is
+    closed (scrapy-playwright closes pages on errors, not on a cancellation): none is left
+    holding its context's permit."""
+    shop = make_shop(products=20, latency_ms=50, slow_share=1.0, slow_ms=20_000)
+    fleet.start_node(FLEET_STOP_GRACE=1.0, PLAYWRIGHT_RENDER_URLS='["/product/"]')
+    fleet.seed(shop.url("/"))
+    wait_for(lambda: "Launching browser" in fleet.log(0), 60, "a render", 0.2)
+    time.sleep(2.0)  # the product renders wait on their pages (20 s each)
+    fleet.procs[0].send_signal(signal.SIGTERM)
+    assert fleet.procs[0].wait(60) == 0, fleet.log(0)[-3000:]
+    stats = fleet.stats(0)
+    assert stats["fleet/stop/cut"] >= 1
+    opened = stats.get("playwright/page_count", 0)
+    assert opened >= 1
+    assert opened == stats.get("playwright/page_count/closed", 0) + stats.get(
+        "playwright/page_count/idle", 0
+    )

@@ -46,6 +46,8 @@ _MEMORY_EVERY = 10.0
 #: Seconds a recycled browser runs at least: one whose baseline is past the bound (a
 #: persistent context it does not close) is not recycled over and over.
 _RECYCLE_EVERY = 60.0
+#: Seconds a download cut by the node's stop gets to clean up (a render closes its page).
+_CUT_CLEANUP_SECONDS = 5.0
 #: Page methods whose effect outlives the render: their page is closed after it.
 _STATEFUL_METHODS = frozenset(
     {"set_extra_http_headers", "set_viewport_size", "emulate_media", "go_back", "go_forward"}
@@ -133,6 +135,8 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
             raise
         if not download.done():
             download.cancel()
+            # its clean-up (a render's page closed) runs before the node closes on
+            await asyncio.wait((download,), timeout=_CUT_CLEANUP_SECONDS)
             self.stats.inc_value("fleet/stop/cut")
             logger.info(
                 "Download cut by the node's stop: %s goes back to the fleet", mask_url(request.url)
@@ -238,6 +242,13 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         except Exception:
             # a browser that grows until its renders fail is recycled all the same
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_memory())
+            raise
+        except asyncio.CancelledError:
+            # cut by the node's stop: scrapy-playwright closes pages on errors, not on a
+            # cancellation, and a page left open would keep its context's permit
+            if not request.meta.get("playwright_include_page") or reuse:
+                self._uses.pop(page, None)
+                await asyncio.shield(self._close_page(page))
             raise
         finally:
             self._rendering -= 1
