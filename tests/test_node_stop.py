@@ -67,6 +67,9 @@ def test_nodes_stopped_by_sigterm_mid_crawl_lose_nothing(fleet: Fleet, make_shop
         assert stats["fleet/stop/signal"] == "SIGTERM"
         assert took < _PLATFORM_GRACE, (index, took)
         assert "SIGTERM: stopping; nothing more is leased" in fleet.log(index)
+        # the close hands back its permits itself: none is taken back from it
+        assert "the fleet took back" not in fleet.log(index)
+        assert "frontier/permits/reclaimed" not in stats
     assert "SIGTERM again: already stopping" in fleet.log(stops[1][0])
     assert mongo.products.count_documents({}) == 120
     # a slow page may be cut by two of the nodes stopped in turn

@@ -215,3 +215,57 @@ def test_a_spiders_redis_key_is_read_from_its_source_and_from_scrapy_when_unsure
     # two classes of one name: Scrapy's loader decides, as the nodes' does
     (package / "twin.py").write_text(_LEAF.replace('"own:seeds"', '"twin:seeds"'))
     assert redis_key_in_source(modules, "own") == UNSURE
+
+
+_HEAD = "import scrapy\nfrom scrapy_redis.spiders import RedisSpider\n"
+#: Spiders whose class attributes are not what a plain reading of the source says: each is
+#: left to Scrapy's loader (a review found the fast path answering wrongly for each).
+_TRICKY = {
+    "subclassed": 'class A(RedisSpider):\n name = "t"\n redis_key = "a"\n'
+    'class B(A):\n redis_key = "b"\n',
+    "diamond": 'class B(RedisSpider):\n redis_key = "b"\nclass C(RedisSpider):\n redis_key = "c"\n'
+    'class D(B, C):\n name = "t"\n',
+    "hooked": 'class H(RedisSpider):\n def __init_subclass__(cls):\n  cls.redis_key = "h"\n'
+    'class S(H):\n name = "t"\n',
+    "decorated": 'def keyed(c):\n c.redis_key = "d"\n return c\n'
+    '@keyed\nclass S(RedisSpider):\n name = "t"\n',
+    "branching": 'class S(RedisSpider):\n name = "t"\n if True:\n  redis_key = "b"\n',
+    "augmented": 'class S(RedisSpider):\n name = "t"\n redis_key = "a"\n redis_key += ":b"\n',
+    "patched": 'class S(RedisSpider):\n name = "t"\nS.redis_key = "post"\n',
+    "looped": 'class S(RedisSpider):\n name = "t"\n for redis_key in ("x", "y"):\n  pass\n',
+    "by_setattr": 'class S(RedisSpider):\n name = "t"\nsetattr(S, "redis_key", "s")\n',
+    "metaclass": 'class M(type):\n pass\nclass S(scrapy.Spider, metaclass=M):\n name = "t"\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TRICKY))
+def test_a_spider_the_source_does_not_tell_plainly_is_left_to_scrapys_loader(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from project.frontier.spider_source import UNSURE, redis_key_in_source
+
+    package = tmp_path / f"tricky_{case}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "spider.py").write_text(_HEAD + _TRICKY[case])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert redis_key_in_source([package.name], "t") == UNSURE
+
+
+def test_every_spider_of_the_project_and_of_the_own_project_reads_as_scrapy_loads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path answers for the spiders here, and answers what Scrapy's loader gives."""
+    from scrapy.settings import Settings
+    from scrapy.spiderloader import SpiderLoader
+
+    from project.frontier.spider_source import UNSURE, redis_key_in_source
+    from tests.fleet import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "own_project"))
+    for modules in (["spiders"], ["own_project.spiders"]):
+        loader = SpiderLoader.from_settings(Settings({"SPIDER_MODULES": modules}))
+        for name in loader.list():
+            read = redis_key_in_source(modules, name)
+            assert read != UNSURE, name
+            assert read == getattr(loader.load(name), "redis_key", None), name

@@ -321,6 +321,9 @@ class FrontierLoop:
             while self._enqueue or self.settlements or self.claim.state == START_END:
                 await self._step(closing=True)
                 released = (released or 0) + self._released
+                # its permits went back with that step: a next one (more to settle) finds
+                # the node no holder any more, which is no reclaim
+                self.ledger.release()
             if released is None:
                 held = [lease.member for lease in self.ledger.undispatched()]
                 released = await self.queue.release(held)

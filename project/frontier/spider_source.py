@@ -34,13 +34,21 @@ class _Unsure(Exception):
 def redis_key_in_source(spider_modules: list[str], name: str) -> str | None:
     """The ``redis_key`` of the spider called *name* (None: it names none), or UNSURE."""
     try:
+        modules = [_Module(path) for path in _module_files(spider_modules)]
         found = []
-        for path in _module_files(spider_modules):
-            module = _Module(path)
-            found += [(module, cls) for cls in module.classes.values() if _spider_name(cls) == name]
+        for module in modules:
+            for cls in module.classes.values():
+                _plain_class(module, cls)  # else its name may be any spider's
+                if _spider_name(cls) == name:
+                    found.append((module, cls))
         if len(found) != 1:
             return UNSURE
         ((module, cls),) = found
+        # a subclass inherits the name: Scrapy's loader may find it instead (the last wins)
+        for other in modules:
+            for sub in other.classes.values():
+                if any((_dotted(b) or "").rpartition(".")[2] == cls.name for b in sub.bases):
+                    return UNSURE
         return _redis_key(module, cls, 0)
     except (_Unsure, OSError, SyntaxError, ValueError, ImportError):
         return UNSURE
@@ -93,6 +101,8 @@ class _Module:
         self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         self.imports: dict[str, str] = {}  # local name -> dotted origin
         package = self._package(path)
+        if not all(_plain_module_statement(node) for node in tree.body):
+            raise _Unsure  # a class made or changed at import time in ways not read here
         for node in tree.body:
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -131,6 +141,64 @@ def _spider_name(cls: ast.ClassDef) -> str | None:
     raise _Unsure  # a computed name may be any spider's
 
 
+#: What a module may do at its top level for its classes to be read from the source.
+_PLAIN_MODULE = (
+    ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Expr,
+    ast.Pass, ast.Assign, ast.AnnAssign, ast.If,
+)  # fmt: skip
+#: What a class body may hold: assignments to names, methods, a docstring.
+_PLAIN_BODY = (ast.Assign, ast.AnnAssign, ast.FunctionDef, ast.AsyncFunctionDef, ast.Expr, ast.Pass)
+#: Methods that may set a class attribute of a class or of its subclasses.
+_HOOKS = frozenset({"__init_subclass__", "__new__", "__class_getitem__", "__set_name__"})
+#: Packages whose class decorators set no class attribute but from the body's own.
+_HARMLESS_DECORATORS = frozenset({"dataclasses", "attr", "attrs", "functools", "typing"})
+
+
+def _plain_module_statement(node: ast.stmt) -> bool:
+    """A top-level statement that cannot set a class attribute: no ``S.redis_key = ...``, no
+    ``setattr``, no class defined under a condition (``if TYPE_CHECKING:`` imports are fine)."""
+    if not isinstance(node, _PLAIN_MODULE):
+        return False
+    if isinstance(node, ast.If):
+        return all(isinstance(n, ast.Import | ast.ImportFrom | ast.Pass) for n in node.body) and (
+            not node.orelse
+        )
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return all(isinstance(t, ast.Name) for t in targets)
+    if isinstance(node, ast.Expr):
+        return not any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr"
+            for n in ast.walk(node)
+        )
+    return True
+
+
+def _plain_class(module: _Module, cls: ast.ClassDef) -> None:
+    """Raise _Unsure unless *cls*'s attributes are what its body assigns: no decorator but
+    the standard library's or attrs' (``@dataclass``), no metaclass or keyword, and a body of
+    plain assignments to names and methods (no ``if``, ``for``, ``+=``, hook)."""
+    if cls.keywords:
+        raise _Unsure
+    for decorator in cls.decorator_list:
+        called = decorator.func if isinstance(decorator, ast.Call) else decorator
+        dotted = _dotted(called) or ""
+        head, _, tail = dotted.partition(".")
+        origin = module.imports.get(head, "")
+        full = f"{origin}.{tail}" if tail else origin
+        if full.split(".")[0] not in _HARMLESS_DECORATORS:
+            raise _Unsure
+    for node in cls.body:
+        if not isinstance(node, _PLAIN_BODY):
+            raise _Unsure
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in _HOOKS:
+            raise _Unsure
+        if isinstance(node, ast.Assign) and not all(isinstance(t, ast.Name) for t in node.targets):
+            raise _Unsure
+        if isinstance(node, ast.AnnAssign) and not isinstance(node.target, ast.Name):
+            raise _Unsure
+
+
 def _assigned(cls: ast.ClassDef, attribute: str) -> ast.expr | None:
     """The value *cls*'s body assigns to *attribute* last, if it does."""
     value = None
@@ -148,8 +216,9 @@ def _assigned(cls: ast.ClassDef, attribute: str) -> ast.expr | None:
 
 def _redis_key(module: _Module, cls: ast.ClassDef, depth: int) -> str | None:
     """*cls*'s ``redis_key``: its own, else its bases' (the first base that sets one)."""
-    if depth > _MOST_DEPTH or cls.keywords:
-        raise _Unsure  # a metaclass may set anything
+    if depth > _MOST_DEPTH or len(cls.bases) > 1:
+        raise _Unsure  # the order of several bases is Python's C3
+    _plain_class(module, cls)
     value = _assigned(cls, "redis_key")
     if value is not None:
         if isinstance(value, ast.Constant) and (

@@ -267,8 +267,10 @@ class NodeMonitor:
             "pages_per_min": 60 * windowed_rate([(t, p) for t, p, _ in self._points]),
             "items_per_min": 60 * windowed_rate([(t, i) for t, _, i in self._points]),
             "errors": int(stat("log_count/ERROR", 0)),
-            "download_errors": int(stat("downloader/exception_count", 0))
-            - int(stat("frontier/sent_back", 0)),  # sent back unfetched: no error
+            "download_errors": max(
+                0,  # a request sent back unfetched is no error
+                int(stat("downloader/exception_count", 0)) - int(stat("frontier/sent_back", 0)),
+            ),
             "retries": int(stat("frontier/retry/count", 0)) + int(stat("retry/count", 0)),
             "dead_letters": int(stat("frontier/dead", 0)),
             "seeds_rejected": int(stat("frontier/seeds/rejected", 0)),

@@ -860,7 +860,10 @@ class StatusReader:
             from pymongo.errors import PyMongoError
 
             try:
-                self._mongo = AsyncMongoClient(mongo.uri, serverSelectionTimeoutMS=3000)
+                # a server that accepts and never answers must not hold the reader's lock
+                self._mongo = AsyncMongoClient(
+                    mongo.uri, serverSelectionTimeoutMS=3000, timeoutMS=10_000
+                )
             except PyMongoError as exc:  # a malformed MONGO_URI: the status still shows
                 reason = str(exc).replace(mongo.uri, mask_url(mongo.uri))
                 return {"error": f"{where}: MONGO_URI is not usable: {reason}"}
@@ -893,9 +896,11 @@ class StatusReader:
         """Close both clients."""
         self.redis.close()
         with self._runner_lock:
-            if self._mongo is not None:
-                self._run(self._mongo.close())
+            try:
+                if self._mongo is not None:
+                    self._run(self._mongo.close())
+            finally:
                 self._mongo = None
-            if self._runner is not None:
-                self._runner.close()
-                self._runner = None
+                if self._runner is not None:
+                    self._runner.close()
+                    self._runner = None

@@ -219,8 +219,11 @@ async def finish_run(
             )
         # a request sent back unfetched (the stop's cut, a render wait) is no error
         errors = (
-            _total(counts, "downloader/exception_count", "frontier/dead")
-            - _total(counts, "frontier/sent_back")
+            max(
+                0,
+                _total(counts, "downloader/exception_count") - _total(counts, "frontier/sent_back"),
+            )
+            + _total(counts, "frontier/dead")
             + int(
                 sum(
                     v
