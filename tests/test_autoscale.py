@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from project.ops.autoscale import decide
+from project.ops.autoscale import Jobs, counted, decide
+from project.ops.scrapyd import ScrapydNode
 from tests.fleet import FAST_SETTINGS, ROOT, wait_for
 from tests.test_deploy import PASSWORD, USER, fleetcrawl, scrapyds  # noqa: F401 (a fixture)
 
@@ -21,6 +22,15 @@ def test_decide_starts_at_once_and_stops_after_the_cooldown() -> None:
     assert decide(1, 3, least=0, most=3, since_change=10.0, cooldown=60) == 0  # cooling down
     assert decide(1, 3, least=0, most=3, since_change=60.0, cooldown=60) == -2
     assert decide(2, 2, least=0, most=3, since_change=999.0, cooldown=60) == 0
+
+
+def test_a_node_that_cannot_be_asked_counts_the_nodes_the_frontier_sees_alive() -> None:
+    """Its jobs may still run: counted as none, the autoscaler would start them again."""
+    node = ScrapydNode.parse("http://127.0.0.1:1")
+    listed = [Jobs(node, running=["a", "b"]), Jobs(node, pending=["c"])]
+    assert counted(listed, alive=5) == 3  # every node answered: what they list
+    assert counted([*listed, Jobs(node, reachable=False)], alive=5) == 5
+    assert counted([*listed, Jobs(node, reachable=False)], alive=1) == 3
 
 
 @pytest.mark.crawl

@@ -64,6 +64,14 @@ def decide(
     return 0
 
 
+def counted(fleet: list[Jobs], alive: int) -> int:
+    """The spider's jobs running now: those the nodes listed; when a node could not be asked,
+    at least the nodes the frontier sees alive (that node's jobs may run on, and counted as
+    none, they would be started again elsewhere)."""
+    listed = sum(jobs.count for jobs in fleet)
+    return max(listed, alive) if any(not jobs.reachable for jobs in fleet) else listed
+
+
 def _jobs(node: ScrapydNode, project: str, spider: str) -> Jobs:
     try:
         listed = node.get("listjobs.json", project=project)
@@ -160,7 +168,7 @@ def _autoscale(args: argparse.Namespace) -> int:
             time.sleep(args.interval)
             continue
         fleet = [_jobs(node, args.project, args.spider) for node in nodes]
-        current = sum(jobs.count for jobs in fleet)
+        current = counted(fleet, int(scale.get("nodes_alive") or 0))
         delta = decide(
             scale["useful_nodes"],
             current,
