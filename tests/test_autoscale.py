@@ -34,6 +34,7 @@ def test_a_node_that_cannot_be_asked_counts_the_nodes_the_frontier_sees_alive() 
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("two scrapyd servers, a scale-out, then a cool-down before the scale-in")
 def test_jobs_scale_out_for_many_sites_and_in_for_one_capped_site(
     scrapyds,  # noqa: F811
     redis_url,

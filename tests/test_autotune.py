@@ -75,6 +75,7 @@ def test_an_idle_limit_holds_and_an_overloaded_node_backs_off() -> None:
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("the tuner climbs from 2 to the knee one window at a time")
 def test_a_node_tunes_itself_to_the_shops_knee(fleet, make_shop, mongo) -> None:
     shop = make_shop(products=600, latency_ms=150, knee=8)
     fleet.start_node(

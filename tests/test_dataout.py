@@ -239,6 +239,7 @@ def _feed(url: str, count: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("two whole crawls, each exported")
 def test_two_crawls_come_out_whole_once_and_since_gives_the_second_crawls_writes(
     fleet: Fleet, make_shop: Any, mongo: pymongo.database.Database[Any], s3: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,

@@ -31,6 +31,7 @@ _PLATFORM_GRACE = 30.0
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("three SIGTERMs in turn, each waiting out a 2 s grace, and a crawl to the end")
 def test_nodes_stopped_by_sigterm_mid_crawl_lose_nothing(fleet: Fleet, make_shop, mongo) -> None:
     """Three times a node is sent SIGTERM mid-crawl while some of its downloads take 20 s
     (once twice): it exits 0 within the platform's grace, the slow downloads cut and handed

@@ -363,6 +363,7 @@ def _patterns(fleet: Fleet) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("two nodes with Chromium crawl the whole mixed site")
 def test_two_nodes_learn_the_mixed_site_and_store_every_product_as_the_browser_finds_it(
     fleet: Fleet, make_shop, mongo
 ) -> None:

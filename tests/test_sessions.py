@@ -297,6 +297,7 @@ def _redis_text(client: sync_redis.Redis, prefix: str) -> bytes:
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("two nodes through proxies that ban, until every product is stored")
 def test_two_nodes_through_proxies_store_each_product_once_and_bans_cost_little(
     fleet: Fleet,
     make_shop,
