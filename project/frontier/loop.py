@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
@@ -52,6 +52,8 @@ _BACKOFF_MAX = 10.0
 _END_POLL = 0.25
 #: Ticks a busy node may skip a round trip for, when it has nothing urgent to send or ask.
 _MAX_SKIPPED_TICKS = 3
+#: Seconds the first round trip waits at most for what it waits for (the crawl run's join).
+_FIRST_STEP_WAIT = 2.0
 #: Seconds after its start a node that has leased nothing yet steps every tick while the
 #: fleet has work: it joins at once (later, an idle node's polls slow down to spare Redis).
 _STARTING = 5.0
@@ -135,6 +137,9 @@ class FrontierLoop:
         self._wakeup = asyncio.Event()
         self._step_done = asyncio.Event()  # set, and replaced, after each step applied
         self._task: asyncio.Task[None] | None = None
+        #: What the first round trip waits for (at most _FIRST_STEP_WAIT): the crawl run's
+        #: join (project/runs/tracker.py), so that it may take seeds
+        self._first_step_after: list[asyncio.Future[Any]] = []
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
         self._seq = int.from_bytes(os.urandom(4), "big") << 16  # this process's steps
@@ -342,9 +347,16 @@ class FrontierLoop:
 
     # -- the I/O task ----------------------------------------------------------
 
+    def before_first_step(self, waiting: asyncio.Future[Any]) -> None:
+        """Hold the first round trip until *waiting* is done, or _FIRST_STEP_WAIT seconds."""
+        self._first_step_after.append(waiting)
+
     async def _run(self) -> None:
         tick = self.config.tick_seconds
         delay = tick
+        if self._first_step_after:
+            await asyncio.wait(self._first_step_after, timeout=_FIRST_STEP_WAIT)
+            self._first_step_after.clear()
         self.end.started_at = time.monotonic()
         while not self._closing:
             started = time.monotonic()

@@ -27,6 +27,7 @@ from scrapy.exceptions import NotConfigured
 
 from project.frontier import lua
 from project.frontier.config import FrontierConfig
+from project.frontier.signals import frontier_started
 from project.runs.report import RunsConfig, finish_run
 from project.storage.outbox import Outbox
 from project.storage.store import MongoStore
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from project.frontier.keys import FrontierKeys
+    from project.frontier.loop import FrontierLoop
 
 __all__ = ["RunTracker", "counters"]
 
@@ -84,6 +86,7 @@ class RunTracker:
             raise NotConfigured("RUNS_ENABLED is off")
         tracker = cls(crawler, config)
         crawler.signals.connect(tracker.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(tracker.frontier_started, signal=frontier_started)
         crawler.signals.connect(tracker.spider_closed, signal=signals.spider_closed)
         return tracker
 
@@ -99,7 +102,16 @@ class RunTracker:
             return  # not a fleet node (another scheduler): no fleet run to join
         # before the frontier's first step: its seeds are queued once per run from the start
         scheduler.queue.runs = True
+
+    def frontier_started(self, loop: FrontierLoop, keys: FrontierKeys) -> None:
+        """The frontier reached Redis: join the run; a node that is not kept alive joins
+        before its first round trip, which may then take seeds (it takes them only in a run)."""
+        scheduler = self._scheduler()
+        if scheduler is None or self._task is not None:
+            return
         self._task = asyncio.get_running_loop().create_task(self._run())
+        if not scheduler.config.keep_alive:
+            loop.before_first_step(self._task)
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep; False once the spider closes."""
@@ -109,9 +121,6 @@ class RunTracker:
 
     async def _run(self) -> None:
         scheduler = self._scheduler()
-        while not scheduler.is_ready:
-            if scheduler.fatal is not None or not await self._pause(0.05):
-                return
         self.keys: FrontierKeys = scheduler.keys
         self._server = FrontierConfig.from_settings(self.crawler.settings).client(
             socket_timeout=10, socket_connect_timeout=5
