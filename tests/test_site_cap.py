@@ -101,6 +101,7 @@ _GATE_PASSED = re.compile(r"^(\d+\.\d+) \S+ Download passes the permit gate: (\S
 
 
 @pytest.mark.crawl
+@pytest.mark.slow("node0 stays stopped past its 6 s lease, then the crawl runs to its end")
 @pytest.mark.parametrize(
     "slot",
     [
