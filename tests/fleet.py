@@ -20,6 +20,8 @@ from project.frontier.keys import FrontierKeys, KeyTemplates
 from tests import forkserver
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from project.frontier.connection import RedisTarget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,6 +223,38 @@ class Fleet:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def queue_requests(
+    client: redis.Redis, keys: FrontierKeys, requests: Iterable[tuple[str, dict[str, Any]]]
+) -> None:
+    """Queue ``(site, request)`` pairs as the frontier does, by its own script
+    (lua/requeue_dead.lua puts requests back in their sites' queues), 1000 a call."""
+    from project.frontier import lua
+
+    script = lua.load("requeue_dead")
+    put_back = client.register_script(script.source)
+    flat: list[str] = []
+    for site, request in requests:
+        flat += [site, json.dumps(request)]
+    for start in range(0, len(flat), 2000):
+        chunk = flat[start : start + 2000]
+        put_back(
+            keys=script.keys_from(keys, work=keys.dead + ":fill"), args=[0, len(chunk) // 2, *chunk]
+        )
+
+
+def lease_one_each(
+    client: redis.Redis, keys: FrontierKeys, sites: Iterable[str], *, granted: int, pushed: int
+) -> None:
+    """Each of *sites* with one request leased to ``node-a``, its lease counter at *granted*
+    and *pushed* requests queued in all (``site_counts``), as the frontier counts them."""
+    pipe = client.pipeline(transaction=False)
+    for site in sites:
+        pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
+        pipe.hincrby(keys.leases, site, granted)
+        pipe.hincrby(keys.site_counts, site, pushed)
+    pipe.execute()
 
 
 def scrapy_project(where: Path, package: str, settings: str, **spiders: str) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from project.frontier import lua
 from project.monitoring.metrics import render_metrics
 from project.monitoring.scale import DEFAULT_NODE_SLOTS, SiteSlots, scale_view
 from project.monitoring.status import fleet_status
+from tests.fleet import queue_requests
 
 if TYPE_CHECKING:
     import redis
@@ -18,15 +18,10 @@ if TYPE_CHECKING:
 
 def _queue(client: redis.Redis, keys: FrontierKeys, sites: dict[str, int]) -> None:
     """Requests queued per site, by the frontier's own script (lua/requeue_dead.lua)."""
-    script = lua.load("requeue_dead")
-    put_back = client.register_script(script.source)
-    requests: list[str] = []
-    for site, count in sites.items():
-        for i in range(count):
-            requests += [site, json.dumps({"url": f"http://{site}/{i}"})]
-    put_back(
-        keys=script.keys_from(keys, work=keys.dead + ":fill"),
-        args=[0, len(requests) // 2, *requests],
+    queue_requests(
+        client,
+        keys,
+        ((site, {"url": f"http://{site}/{i}"}) for site, n in sites.items() for i in range(n)),
     )
 
 

@@ -3,18 +3,17 @@ a real Redis laid out as the frontier writes it."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from project.frontier import lua
 from project.monitoring.status import (
     SITES_LISTED,
     StatusReader,
     fleet_status,
     frontier_snapshot,
 )
+from tests.fleet import lease_one_each, queue_requests
 
 if TYPE_CHECKING:
     from project.frontier.keys import FrontierKeys
@@ -40,26 +39,12 @@ def _fill(client: redis.Redis, keys: FrontierKeys, sites: int, idle: int) -> Non
         for priority, count in ((10, 1), (0, i + 1)):
             for _ in range(count):
                 seq += 1
-                requests += [
-                    site,
-                    json.dumps({"url": f"http://{site}/{seq}", "priority": priority}),
-                ]
-    script = lua.load("requeue_dead")
-    put_back = client.register_script(script.source)
-    for start in range(0, len(requests), 2000):
-        chunk = requests[start : start + 2000]
-        put_back(
-            keys=script.keys_from(keys, work=keys.dead + ":fill"), args=[0, len(chunk) // 2, *chunk]
-        )
-    pipe = client.pipeline(transaction=False)
-    for i in range(sites):
-        site = f"shop{i}.test"
-        pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
-        pipe.hincrby(keys.leases, site, 5)
-        pipe.hincrby(keys.site_counts, site, 5)  # the five leased had been queued (pushed)
+                requests.append((site, {"url": f"http://{site}/{seq}", "priority": priority}))
+    queue_requests(client, keys, requests)
+    # the five leased had been queued (pushed)
+    lease_one_each(client, keys, (f"shop{i}.test" for i in range(sites)), granted=5, pushed=5)
     for i in range(idle):
-        pipe.hincrby(keys.leases, f"done{i}.test", 3)  # a lease counter the frontier kept
-    pipe.execute()
+        client.hincrby(keys.leases, f"done{i}.test", 3)  # a lease counter the frontier kept
 
 
 def _round_trips(redis_url: str, keys: FrontierKeys) -> tuple[int, dict[str, Any]]:

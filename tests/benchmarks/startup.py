@@ -21,7 +21,6 @@ another node's permits.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -34,7 +33,6 @@ from pathlib import Path
 
 import redis
 
-from project.frontier import lua
 from project.frontier.keys import FrontierKeys
 from project.ops.services import (
     ServicesConfig,
@@ -43,6 +41,7 @@ from project.ops.services import (
     start_redis,
     stop_service,
 )
+from tests.fleet import lease_one_each, queue_requests
 from tests.site.server import ShopServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,24 +152,11 @@ def _together(services: ServicesConfig, shop: ShopServer, state: Path) -> float:
 def _fill_sites(client: redis.Redis, sites: int) -> None:
     """*sites* sites with one request queued and one leased each, as the frontier lays them out."""
     keys = FrontierKeys.from_settings(_settings(), "products")
-    script = lua.load("requeue_dead")
-    put_back = client.register_script(script.source)
-    requests: list[str] = []
-    for i in range(sites):
-        site = f"shop{i}.test"
-        requests += [site, json.dumps({"url": f"http://{site}/1", "priority": 0})]
-    for start in range(0, len(requests), 2000):
-        chunk = requests[start : start + 2000]
-        put_back(
-            keys=script.keys_from(keys, work=keys.dead + ":fill"), args=[0, len(chunk) // 2, *chunk]
-        )
-    pipe = client.pipeline(transaction=False)
-    for i in range(sites):
-        site = f"shop{i}.test"
-        pipe.zadd(keys.inflight, {f"node-a\nR{site}\n{{}}": 1e15})
-        pipe.hincrby(keys.leases, site, 1)
-        pipe.hincrby(keys.site_counts, site, 2)
-    pipe.execute()
+    names = [f"shop{i}.test" for i in range(sites)]
+    queue_requests(
+        client, keys, ((site, {"url": f"http://{site}/1", "priority": 0}) for site in names)
+    )
+    lease_one_each(client, keys, names, granted=1, pushed=2)
 
 
 def _settings():  # type: ignore[no-untyped-def]
