@@ -332,7 +332,7 @@ class FrontierLoop:
             if released is None:
                 held = [lease.member for lease in self.ledger.undispatched()]
                 released = await self.queue.release(held)
-            self.ledger.release()
+                self.ledger.release()
             if released:
                 logger.info("Released %d unstarted leases", released, extra={"spider": self.spider})
         except RedisError as exc:

@@ -282,11 +282,6 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         if allowed:
             await self.server.sadd(self.keys.allowed, *allowed)
 
-    @property
-    def is_ready(self) -> bool:
-        """The frontier runs: this node reached Redis."""
-        return self._ready.is_set()
-
     async def claim_start(self, *, new_crawl: bool) -> str | None:
         """Ask the fleet whether this node runs the spider's start() (lua/start.lua).
 

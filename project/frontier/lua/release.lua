@@ -1,5 +1,6 @@
 --[[
-  A node shuts down cleanly: the leases it holds but never started go back to
+  A node shuts down cleanly with nothing left to settle (else the step that settles does
+  this, step/release.lua): the leases it holds but never started go back to
   the queue, and its download permits to the fleet, so other nodes can take
   them at once instead of after their deadline.
 
@@ -21,11 +22,7 @@
 --@include lib/site_queues.lua
 --@include lib/leases.lua
 --@include lib/permits.lua
+--@include step/release.lua
 
-give_back_all(ARGV[1])
-local held = {}
-for j = 2, #ARGV do
-    if redis.call('ZREM', K.inflight, ARGV[j]) == 1 then held[#held + 1] = ARGV[j] end
-end
-if #held == 0 then return 0 end
-return put_back(held)
+-- ARGV[2..] laid out as the step's release section: the same phase, on its own
+return Release.run({at = 2, n = #ARGV - 1, width = 1, member = 0}, true, ARGV[1])
