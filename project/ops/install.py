@@ -276,10 +276,7 @@ def ensure_ferretdb() -> Path:
     cache = _cache_dir()
     binary = cache / "bin" / "ferretdb"
     what = "cannot build ferretdb"
-    try:
-        binary.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServiceError(f"{what}: cannot create {binary.parent}: {exc}") from exc
+    _make_folder(binary.parent, what)
     with _file_lock(binary.parent / ".ferretdb.lock"):
         if _ferretdb_runs(binary):
             return binary
@@ -379,6 +376,14 @@ def _tool_runs(binary: Path, argv: Sequence[str]) -> bool:
     return True
 
 
+def _make_folder(folder: Path, what: str) -> None:
+    """*folder* and its parents, or a ServiceError that says *what* could not be done."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(f"{what}: cannot create {folder}: {exc}") from exc
+
+
 def _go_or_fail(what: str) -> str:
     go = shutil.which("go")
     if go is None:
@@ -396,10 +401,7 @@ def _go_tool(name: str, package: str, version: str, check: Sequence[str]) -> Pat
     cache = _cache_dir()
     binary = cache / "bin" / f"{name}-{version}"
     what = f"cannot build {name} {version}"
-    try:
-        binary.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServiceError(f"{what}: cannot create {binary.parent}: {exc}") from exc
+    _make_folder(binary.parent, what)
     with _file_lock(binary.parent / f".{name}.lock"):
         if _tool_runs(binary, check):
             return binary
@@ -503,10 +505,7 @@ def ensure_kubernetes_schemas() -> Path:
     name, version, _ = _KUBERNETES_VALIDATE
     root = cache / "kubernetes-schemas" / f"{name}-{version}-keda-{KEDA_VERSION}"
     what = "cannot prepare the Kubernetes schemas"
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServiceError(f"{what}: cannot create {root.parent}: {exc}") from exc
+    _make_folder(root.parent, what)
     with _file_lock(root.parent / ".schemas.lock"):
         if (root / _DONE).is_file() and all(
             (root / f"v{release}-local-strict").is_dir() for release in KUBERNETES_SCHEMA_VERSIONS
