@@ -52,10 +52,15 @@ ROLE_SAMPLE, ROLE_HTTP, ROLE_BROWSER = "sample", "http", "browser"
 #: Not fetched yet: it waits for the fleet's answer on its pattern (see WAIT_SECONDS).
 ROLE_WAIT = "wait"
 
-#: The share of a settled pattern's fetches sampled again: at least RECHECK_SHARE, and
-#: 0.25 / (1 + samples) while it has few samples (6 % after the three that settle it).
-RECHECK_SHARE = 0.03
-_THIN_SHARE = 0.25
+#: The share of a settled pattern's fetches sampled again, more while it has few samples:
+#: max(floor, thin / (1 + samples)), by what a re-check costs. A re-check of a ``browser``
+#: pattern is one plain fetch more (about a fifteenth of a render's CPU), and the only way
+#: the fleet learns that the pattern no longer needs Chromium: at least 3 %, 6 % after the
+#: three samples that settle it. A re-check of an ``http`` pattern is a render, and its pages
+#: are guarded besides: one that yields less than the pattern's renders did is a rescue
+#: (looks_short); the re-check is left to find what a rescue cannot see (the same fields
+#: with other values): at least 1 %, 2.5 % after three samples.
+RECHECK_SHARE = {MODE_BROWSER: (0.03, 0.25), MODE_HTTP: (0.01, 0.10)}
 #: Samples of a learning pattern one node has out before the fleet answered; its other
 #: fetches meanwhile wait (ROLE_WAIT), or go to the browser (nothing lost while nothing is
 #: known).
@@ -125,7 +130,8 @@ class RenderPlan:
                 self._out.clear()  # patterns the fleet never answered for (it is full)
             self._out[key] = (0 if out >= _LEARNING_OUT else out) + 1, now
             return ROLE_SAMPLE
-        share = max(RECHECK_SHARE, _THIN_SHARE / (1 + pattern.samples))
+        floor, thin = RECHECK_SHARE[pattern.mode]
+        share = max(floor, thin / (1 + pattern.samples))
         if self._draw() < share:
             self.stats.inc_value("render/adaptive/rechecks")
             return ROLE_SAMPLE
