@@ -95,10 +95,11 @@ def tree_cpu_seconds(root: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def tree_pss_kib(root: int) -> int:
-    """PSS of *root* and all its descendants, from /proc/<pid>/smaps_rollup."""
+def tree_pss_kib(root: int, *, with_root: bool = True) -> int:
+    """PSS of *root* (unless not *with_root*) and all its descendants, from
+    /proc/<pid>/smaps_rollup."""
     total = 0
-    for pid in _tree(root):
+    for pid in _tree(root)[0 if with_root else 1 :]:
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
@@ -127,7 +128,8 @@ class _Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.peak_kib = max(self.peak_kib, tree_pss_kib(self.pid))
+            # the node's tree, not the reaper above it
+            self.peak_kib = max(self.peak_kib, tree_pss_kib(self.pid, with_root=False))
             self.sample()
             self.done.wait(self.interval)
         self.sample()
@@ -350,6 +352,13 @@ def _part_b(args: argparse.Namespace, services: ServicesConfig, state: Path) -> 
         shares = ", ".join(f"{r['plain_share']:.1%} of {r['plain_ceiling']:.1%}" for r in runs)
         ratios = ", ".join(f"{r['cpu_per_page']:.4f}" for r in runs)
         print(f"{variant:>14} runs: plain {shares}; CPU s/page {ratios}")
+    # each run's pair ran back to back: their ratio is spared the machine's drift over minutes
+    pairs = [o["cpu_per_page"] / a["cpu_per_page"]
+             for o, a in zip(results["browser-only"], results["adaptive"], strict=True)]  # fmt: skip
+    print(
+        f"{'':>14} CPU x fewer, run by run (adaptive against the browser-only run beside it):"
+        f" {', '.join(f'{r:.2f}' for r in pairs)}; median {statistics.median(pairs):.2f}"
+    )
     print()
 
 
