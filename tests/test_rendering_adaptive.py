@@ -196,23 +196,27 @@ def test_a_leased_page_of_a_learning_pattern_waits_for_the_fleets_answer_a_few_t
 
 
 def test_a_settled_pattern_is_sampled_again_more_while_its_evidence_is_thin() -> None:
-    """More re-checks while the evidence is thin, and more of a browser pattern (a re-check is
-    a plain fetch) than of an http one (a re-check is a render, and rescues guard it)."""
+    """More re-checks while the evidence is thin; fewer of an http pattern whose pages rescues
+    guard (a re-check is a render) than of a browser one (a re-check is a plain fetch) or of
+    an http pattern that yields no item (nothing else would notice it change)."""
     plan = _plan(draw=0.02)
-    plan.patterns["thin http"] = Pattern(MODE_HTTP, agree=3)  # share 0.10 / 4 = 2.5 %
-    plan.patterns["proven http"] = Pattern(MODE_HTTP, agree=60)  # share 1 %
-    plan.patterns["thin browser"] = Pattern(MODE_BROWSER, miss=3)  # share 0.25 / 4 = 6.25 %
-    plan.patterns["proven browser"] = Pattern(MODE_BROWSER, agree=0, miss=60)  # share 3 %
+    plan.patterns["thin http"] = Pattern(MODE_HTTP, agree=3, items=1)  # 0.10 / 4 = 2.5 %
+    plan.patterns["proven http"] = Pattern(MODE_HTTP, agree=60, items=1)  # 1 %
+    plan.patterns["listing"] = Pattern(MODE_HTTP, agree=60, items=0)  # no rescue: 3 %
+    plan.patterns["thin browser"] = Pattern(MODE_BROWSER, miss=3)  # 0.25 / 4 = 6.25 %
+    plan.patterns["proven browser"] = Pattern(MODE_BROWSER, agree=0, miss=60)  # 3 %
     assert plan.decide("thin http") == ROLE_SAMPLE
     assert plan.decide("proven http") == ROLE_HTTP
+    assert plan.decide("listing") == ROLE_SAMPLE
     assert plan.decide("proven browser") == ROLE_SAMPLE
     plan._draw = lambda: 0.05
     assert plan.decide("thin http") == ROLE_HTTP
+    assert plan.decide("listing") == ROLE_HTTP
     assert plan.decide("thin browser") == ROLE_SAMPLE
     assert plan.decide("proven browser") == ROLE_BROWSER
     plan._draw = lambda: 0.99
     assert plan.decide("thin browser") == ROLE_BROWSER
-    assert plan.stats.get_value("render/adaptive/rechecks") == 3
+    assert plan.stats.get_value("render/adaptive/rechecks") == 4
 
 
 def test_a_plain_page_yielding_less_than_its_pattern_renders_looks_short() -> None:

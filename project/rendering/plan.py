@@ -53,14 +53,18 @@ ROLE_SAMPLE, ROLE_HTTP, ROLE_BROWSER = "sample", "http", "browser"
 ROLE_WAIT = "wait"
 
 #: The share of a settled pattern's fetches sampled again, more while it has few samples:
-#: max(floor, thin / (1 + samples)), by what a re-check costs. A re-check of a ``browser``
-#: pattern is one plain fetch more (about a fifteenth of a render's CPU), and the only way
-#: the fleet learns that the pattern no longer needs Chromium: at least 3 %, 6 % after the
-#: three samples that settle it. A re-check of an ``http`` pattern is a render, and its pages
-#: are guarded besides: one that yields less than the pattern's renders did is a rescue
-#: (looks_short); the re-check is left to find what a rescue cannot see (the same fields
-#: with other values): at least 1 %, 2.5 % after three samples.
-RECHECK_SHARE = {MODE_BROWSER: (0.03, 0.25), MODE_HTTP: (0.01, 0.10)}
+#: max(floor, thin / (1 + samples)), by what a re-check costs and what else guards it. A
+#: re-check of a ``browser`` pattern is one plain fetch more (about a fifteenth of a
+#: render's CPU), and the only way the fleet learns that the pattern no longer needs
+#: Chromium: RECHECK_SHARE, at least 3 % (12.5 % after the one miss that can settle it).
+#: A re-check of an ``http`` pattern is a render. When the pattern's renders yielded items,
+#: its pages are guarded besides (a page that yields fewer, or items without a field they
+#: all had, is a rescue: looks_short), and the re-check is left to find what a rescue cannot
+#: see (the same fields with other values): GUARDED_RECHECK_SHARE, at least 1 %, 2.5 % after
+#: the three samples that settle it. An ``http`` pattern whose renders yielded no item (a
+#: listing that only yields links) has no rescue: its re-checks are RECHECK_SHARE.
+RECHECK_SHARE = (0.03, 0.25)
+GUARDED_RECHECK_SHARE = (0.01, 0.10)
 #: Samples of a learning pattern one node has out before the fleet answered; its other
 #: fetches meanwhile wait (ROLE_WAIT), or go to the browser (nothing lost while nothing is
 #: known).
@@ -130,7 +134,8 @@ class RenderPlan:
                 self._out.clear()  # patterns the fleet never answered for (it is full)
             self._out[key] = (0 if out >= _LEARNING_OUT else out) + 1, now
             return ROLE_SAMPLE
-        floor, thin = RECHECK_SHARE[pattern.mode]
+        guarded = pattern.mode == MODE_HTTP and pattern.items >= 1
+        floor, thin = GUARDED_RECHECK_SHARE if guarded else RECHECK_SHARE
         share = max(floor, thin / (1 + pattern.samples))
         if self._draw() < share:
             self.stats.inc_value("render/adaptive/rechecks")

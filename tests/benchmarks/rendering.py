@@ -20,10 +20,12 @@ interleaved, ``--runs`` times each; medians printed, with ratios against browser
     as the shop has it, over the products), and CPU seconds per page (the node's process tree,
     from the kernel's accounting of reaped children; the node runs under
     tests/benchmarks/reaper.py, which reaps the renderers Chromium's zygote leaves behind),
-    for browser-only (every page of the section rendered) and adaptive. "ceiling" is the
-    best plain share the crawl's order allowed: the JavaScript pages first asked for after
-    the warm-up over the requests after it (a plain fetch is faster than a render, so the
-    first 200 requests hold fewer than 30 % of them, and the rest more).
+    for browser-only (every page of the section rendered) and adaptive; not the CPU of
+    Redis, MongoDB or the shop. "ceiling" is about the best plain share the crawl's order
+    allowed: one render for each JavaScript page first asked for after the warm-up, over the
+    requests after it (a plain fetch is faster than a render, so the first 200 requests hold
+    fewer than 30 % of them, and the rest more); approximate, since those requests include
+    adaptive rendering's own extra plain fetches.
 
 ``--limits`` adds the old sweep of browser limits (CONTEXTSxPAGES) on (a)'s site with this
 code's browser-only path.
@@ -181,9 +183,16 @@ def run_node(
         code = proc.wait(900)
     finally:
         if proc.poll() is None:
-            for pid in reversed(_tree(proc.pid)):  # the reaper, the node and its browser
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            # the reaper, the node and its browser; again while the tree forks (the orphans
+            # go to the reaper, which is killed last)
+            for _ in range(20):
+                tree = _tree(proc.pid)
+                for pid in reversed(tree):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                if len(tree) == 1:
+                    break
+                time.sleep(0.1)
             proc.wait()
         sampler.done.set()
         sampler.join()
