@@ -21,6 +21,8 @@ from project.ops.common import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from project.storage.config import MongoConfig
+
 __all__ = ["every", "register"]
 
 
@@ -35,17 +37,40 @@ def _since(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _mongo(settings: Any, spider: str) -> tuple[Any, Any]:
-    import pymongo
+def _read(
+    args: argparse.Namespace,
+    collection: Callable[[MongoConfig], str],
+    query: dict[str, Any],
+    *,
+    projection: dict[str, int] | None = None,
+    sort: tuple[str, int],
+    limit: int,
+) -> tuple[list[dict[str, Any]], MongoConfig]:
+    """One query of a spider's MongoDB collection, through pymongo's asynchronous client: the
+    blocking client's monitor threads sleep in half-second steps, and the interpreter joined
+    them at exit (about 0.5 s of every ``changes`` and ``runs``)."""
+    from pymongo import AsyncMongoClient
+    from pymongo.errors import PyMongoError
 
     from project.storage.config import MongoConfig
 
-    config = MongoConfig.from_settings(settings, spider_name=spider)
-    client: Any = pymongo.MongoClient(
-        config.uri, serverSelectionTimeoutMS=int(config.server_selection_timeout * 1000),
-        tz_aware=True, appname="fleetcrawl",
-    )  # fmt: skip
-    return client, config
+    config = MongoConfig.from_settings(project_settings(args), spider_name=args.spider)
+
+    async def read() -> list[dict[str, Any]]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            config.uri, serverSelectionTimeoutMS=int(config.server_selection_timeout * 1000),
+            tz_aware=True, appname="fleetcrawl",
+        )  # fmt: skip
+        try:
+            cursor = client[config.database][collection(config)].find(query, projection)
+            return await cursor.sort(*sort).limit(limit).to_list(None)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(read()), config
+    except PyMongoError as exc:
+        raise CommandError(f"MongoDB: {exc}") from exc
 
 
 def _plain(value: Any) -> Any:
@@ -53,9 +78,6 @@ def _plain(value: Any) -> Any:
 
 
 def _changes(args: argparse.Namespace) -> int:
-    from pymongo.errors import PyMongoError
-
-    client, config = _mongo(project_settings(args), args.spider)
     query: dict[str, Any] = {"at": {"$gte": datetime.now(UTC) - args.since}}
     if args.spider_only:
         query["spider"] = args.spider
@@ -63,16 +85,10 @@ def _changes(args: argparse.Namespace) -> int:
         query["field"] = args.field
     if args.item:
         query["item_id"] = args.item
-    try:
-        with client:
-            found = list(
-                client[config.database][config.changes_collection]
-                .find(query, {"_id": 0})
-                .sort("at", 1)
-                .limit(args.limit)
-            )
-    except PyMongoError as exc:
-        raise CommandError(f"MongoDB: {exc}") from exc
+    found, _ = _read(
+        args, lambda config: config.changes_collection, query,
+        projection={"_id": 0}, sort=("at", 1), limit=args.limit,
+    )  # fmt: skip
     for change in found:
         if args.json:
             print(json.dumps({k: _plain(v) for k, v in change.items()}, default=str))
@@ -87,21 +103,12 @@ def _changes(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from pymongo.errors import PyMongoError
-
     from project.runs.report import render_report
 
-    client, config = _mongo(project_settings(args), args.spider)
-    try:
-        with client:
-            runs = list(
-                client[config.database][config.runs_collection]
-                .find({"spider": args.spider})
-                .sort("ended", -1)
-                .limit(args.limit + 1)
-            )
-    except PyMongoError as exc:
-        raise CommandError(f"MongoDB: {exc}") from exc
+    runs, config = _read(
+        args, lambda config: config.runs_collection, {"spider": args.spider},
+        sort=("ended", -1), limit=args.limit + 1,
+    )  # fmt: skip
     if not runs:
         print(
             f"no finished crawl run of {args.spider} in {config.database}.{config.runs_collection}"
