@@ -62,7 +62,7 @@ __all__ = ["FleetAddon"]
 logger = logging.getLogger(__name__)
 
 _PRIORITY = "addon"
-_PLAYWRIGHT_HANDLER = "project.rendering.handler.BoundedPlaywrightHandler"
+_PLAYWRIGHT_HANDLER = "project.rendering.download.FleetDownloadHandler"
 
 #: Scrapy settings the fleet needs one way: asyncio for scrapy-playwright and
 #: the async Redis and MongoDB clients; no telnet console or remote-control

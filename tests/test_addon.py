@@ -46,7 +46,7 @@ def test_the_projects_own_settings_win_over_the_add_on() -> None:
     assert middlewares[RetryMiddleware] is None, "Scrapy's retries are replaced"
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
     assert handlers["https"] == "my.Handler"
-    assert handlers["http"] == "project.rendering.handler.BoundedPlaywrightHandler"
+    assert handlers["http"] == "project.rendering.download.FleetDownloadHandler"
     assert settings.getint("PLAYWRIGHT_MAX_CONTEXTS") == 3
 
 

@@ -76,7 +76,7 @@ def test_project_settings_render_with_one_bounded_browser(monkeypatch) -> None:
     assert not config.remote
     handlers = _project_settings().getdict("DOWNLOAD_HANDLERS")
     assert {handlers["http"], handlers["https"]} == {
-        "project.rendering.handler.BoundedPlaywrightHandler"
+        "project.rendering.download.FleetDownloadHandler"
     }
 
 
@@ -436,8 +436,11 @@ def test_fallback_renders_exactly_the_pages_without_product_markup(
 
 @pytest.mark.crawl
 def test_node_that_never_renders_starts_no_browser(fleet: Fleet, make_shop, mongo) -> None:
+    """Nor imports Playwright (project/rendering/download.py): the node runs as a fresh
+    interpreter (not forked from the suite's warm server) that logs every import."""
     shop = make_shop(products=40, latency_ms=20)
-    node = _start(fleet)
+    journal = fleet.log_dir / "journal0"
+    node = fleet.start_node("env", "PYTHONPROFILEIMPORTTIME=1", MONGO_JOURNAL_DIR=str(journal))
     fleet.seed(shop.url("/"))
     children: set[int] = set()
     while node.poll() is None:
@@ -447,6 +450,15 @@ def test_node_that_never_renders_starts_no_browser(fleet: Fleet, make_shop, mong
     assert mongo.products.count_documents({}) == 40
     assert children == set(), "Playwright or Chromium started without a render"
     assert fleet.stat(0, "playwright/browser_count") == 0
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in fleet.log(0).splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
+    # the log holds the imports of import statements (not importlib's: load_object), and
+    # scrapy-playwright's handler imports Playwright with one (93 lines when it is loaded)
+    assert "project.rendering.middleware" in imported
+    assert [m for m in imported if m.split(".")[0] == "playwright"] == []
 
 
 @pytest.mark.crawl

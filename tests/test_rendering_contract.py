@@ -109,6 +109,18 @@ def test_the_handler_is_built_from_the_crawler_alone() -> None:
     assert parameters == ["self", "crawler"], _HINT
 
 
+def test_the_handler_built_after_the_engine_started_is_launched_as_the_signal_would() -> None:
+    """project/rendering/download.py builds the handler at the first render, after
+    engine_started, and calls what scrapy-playwright connects to it: an awaitable method that
+    takes nothing and starts the browser provider."""
+    method = getattr(ScrapyPlaywrightDownloadHandler, "_maybe_launch_in_thread", None)
+    assert method is not None, _HINT
+    assert inspect.iscoroutinefunction(method), _HINT
+    assert list(inspect.signature(method).parameters) == ["self"], _HINT
+    source = textwrap.dedent(inspect.getsource(ScrapyPlaywrightDownloadHandler.__init__))
+    assert "_maybe_launch_in_thread, signals.engine_started" in source, _HINT
+
+
 def test_the_pin_covers_only_the_release_these_checks_passed_on() -> None:
     """pyproject.toml bounds scrapy-playwright above: a new release waits for this file."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

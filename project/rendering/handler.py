@@ -1,5 +1,6 @@
 """scrapy-playwright's download handler, with a bound on every render, pages reused, and the
-browser recycled when it grows.
+browser recycled when it grows. The fleet's handler (project/rendering/download.py) builds it
+at the first render: importing this module imports Playwright.
 
 The bound and the page reuse override scrapy-playwright's private
 ``_create_page``, ``_download_request_with_page`` and ``_apply_page_methods``:
@@ -21,12 +22,9 @@ from scrapy.exceptions import DownloadTimeoutError
 from scrapy_playwright.handler import DEFAULT_CONTEXT_NAME, ScrapyPlaywrightDownloadHandler
 from scrapy_playwright.page import PageMethod
 
-from project.frontier.gate import DownloadGate
-from project.frontier.stopping import cut, downloads_cut
 from project.rendering.browser import abort_types, browser_memory
 from project.rendering.config import RenderingConfig
 from project.rendering.wire import ABORT_META_KEY, WAIT_FOR_META_KEY
-from project.utils import mask_url
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -46,8 +44,6 @@ _MEMORY_EVERY = 10.0
 #: Seconds a recycled browser runs at least: one whose baseline is past the bound (a
 #: persistent context it does not close) is not recycled over and over.
 _RECYCLE_EVERY = 60.0
-#: Seconds a download cut by the node's stop gets to clean up (a render closes its page).
-_CUT_CLEANUP_SECONDS = 5.0
 #: Page methods whose effect outlives the render: their page is closed after it.
 _STATEFUL_METHODS = frozenset(
     {"set_extra_http_headers", "set_viewport_size", "emulate_media", "go_back", "go_forward"}
@@ -103,47 +99,6 @@ class BoundedPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore
         #: Cleared while the browser is recycled: no render starts until it is back.
         self._browser_ready = asyncio.Event()
         self._browser_ready.set()
-        self._gate = DownloadGate(crawler)
-        #: Done when the node's stop grace is over (project/frontier/stopping.py).
-        self._cut: asyncio.Future[float] | None = None
-        crawler.signals.connect(self._downloads_cut, signal=downloads_cut)
-
-    def _downloads_cut(self, grace: float) -> None:
-        if self._cut is None:
-            self._cut = asyncio.get_running_loop().create_future()
-        if not self._cut.done():
-            self._cut.set_result(grace)
-
-    async def download_request(self, request: Request, spider: Spider | None = None) -> Response:
-        """Plain or rendered, a leased request goes on the wire only while its node holds a
-        permit for it: a stall can end with it in Scrapy's download slot, past the
-        middleware's gate (project/frontier/gate.py). A download still running when the
-        node's stop grace ends is cut: its lease goes back to the fleet."""
-        await self._gate.wait(request)
-        if logger.isEnabledFor(logging.DEBUG):
-            # the last gate: what comes after it goes on the wire, even across a stall
-            logger.debug("Download passes the permit gate: %s", mask_url(request.url))
-        if self._cut is None:
-            self._cut = asyncio.get_running_loop().create_future()
-        if self._cut.done():
-            raise cut(request, self._cut.result())
-        download = asyncio.ensure_future(super().download_request(request))
-        try:
-            await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            download.cancel()  # this download itself was cancelled: not left running
-            raise
-        if not download.done():
-            download.cancel()
-            # its clean-up (a render's page closed) runs before the node closes on
-            await asyncio.wait((download,), timeout=_CUT_CLEANUP_SECONDS)
-            self.stats.inc_value("fleet/stop/cut")
-            logger.info(
-                "Download cut by the node's stop: %s goes back to the fleet", mask_url(request.url)
-            )
-            raise cut(request, self._cut.result())
-        response: Response = download.result()
-        return response
 
     @staticmethod
     def _reusable(request: Request) -> bool:

@@ -1,12 +1,14 @@
 """Chromium found and its launch options set when the node starts: no Playwright imported.
 
 The add-on calls :func:`use_system_chromium` while it sets the node up; Playwright itself
-(project/rendering/browser.py) is imported with the first render.
+(project/rendering/handler.py, browser.py) is imported with the first render
+(project/rendering/download.py).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from project.rendering.config import RenderingConfig
@@ -14,12 +16,35 @@ from project.rendering.config import RenderingConfig
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-__all__ = ["RENDER_RETRY_EXCEPTIONS", "chromium_sandboxed", "use_system_chromium"]
+__all__ = [
+    "RENDER_RETRY_EXCEPTIONS",
+    "PlaywrightFailure",
+    "chromium_sandboxed",
+    "use_system_chromium",
+]
 
-#: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS (named, so
-#: the node imports Playwright only to render): Playwright's Error is also the class of its
-#: TimeoutError and TargetClosedError.
-RENDER_RETRY_EXCEPTIONS = ("playwright.async_api.Error",)
+
+class _PlaywrightErrorCheck(type):
+    def __instancecheck__(cls, instance: object) -> bool:
+        # Playwright is imported before any of its errors can exist: none while it is not
+        errors = sys.modules.get("playwright._impl._errors")
+        return errors is not None and isinstance(instance, errors.Error)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        errors = sys.modules.get("playwright._impl._errors")
+        return errors is not None and issubclass(subclass, errors.Error)
+
+
+class PlaywrightFailure(Exception, metaclass=_PlaywrightErrorCheck):
+    """Never raised: ``isinstance(exc, PlaywrightFailure)`` is whether *exc* is Playwright's
+    ``Error`` (``playwright.async_api.Error``, also the class of its TimeoutError and
+    TargetClosedError), without importing Playwright to ask."""
+
+
+#: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS: Scrapy's
+#: retry middleware loads every name it lists at start, and ``playwright.async_api.Error``
+#: would import Playwright on every node (about 70 ms of each start, with the handler's).
+RENDER_RETRY_EXCEPTIONS = ("project.rendering.launch.PlaywrightFailure",)
 
 #: Chromium's renderer does not load images (PLAYWRIGHT_ABORT_RESOURCES with ``image``).
 #: Playwright's own blink settings are repeated: Chromium reads the last --blink-settings.

@@ -1,0 +1,115 @@
+"""The fleet's download handler for http and https: every download passes the permit gate
+and the node's stop; a rendered one goes to Chromium through
+:class:`~project.rendering.handler.BoundedPlaywrightHandler`, built at the first render.
+
+scrapy-playwright's handler imports Playwright, and Scrapy imports every class of
+``DOWNLOAD_HANDLERS`` when a node starts: a node that renders nothing, and every node until
+its first render, imported Playwright for nothing (about 70 ms of each start). This handler
+downloads plain requests with Scrapy's own HTTP/1.1 handler, as scrapy-playwright's does,
+and imports Playwright with the first request that asks for the browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
+
+from project.frontier.gate import DownloadGate
+from project.frontier.stopping import cut, downloads_cut
+from project.utils import mask_url
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.http import Request, Response
+
+    from project.rendering.handler import BoundedPlaywrightHandler
+
+__all__ = ["FleetDownloadHandler"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a download cut by the node's stop gets to clean up (a render closes its page).
+_CUT_CLEANUP_SECONDS = 5.0
+
+
+class FleetDownloadHandler(HTTP11DownloadHandler):
+    """Plain or rendered, a leased request goes on the wire only while its node holds a
+    permit for it: a stall can end with it in Scrapy's download slot, past the middleware's
+    gate (project/frontier/gate.py). A download still running when the node's stop grace
+    ends is cut: its lease goes back to the fleet."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self._crawler = crawler
+        self._gate = DownloadGate(crawler)
+        #: Done when the node's stop grace is over (project/frontier/stopping.py).
+        self._cut: asyncio.Future[float] | None = None
+        crawler.signals.connect(self._downloads_cut, signal=downloads_cut)
+        self._renderer: BoundedPlaywrightHandler | None = None
+        self._renderer_built: asyncio.Lock | None = None
+
+    def _downloads_cut(self, grace: float) -> None:
+        if self._cut is None:
+            self._cut = asyncio.get_running_loop().create_future()
+        if not self._cut.done():
+            self._cut.set_result(grace)
+
+    async def download_request(self, request: Request) -> Response:
+        """Download *request* once its node may, unless the node's stop cuts it."""
+        await self._gate.wait(request)
+        if logger.isEnabledFor(logging.DEBUG):
+            # the last gate: what comes after it goes on the wire, even across a stall
+            logger.debug("Download passes the permit gate: %s", mask_url(request.url))
+        if self._cut is None:
+            self._cut = asyncio.get_running_loop().create_future()
+        if self._cut.done():
+            raise cut(request, self._cut.result())
+        download = asyncio.ensure_future(self._download(request))
+        try:
+            await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            download.cancel()  # this download itself was cancelled: not left running
+            raise
+        if not download.done():
+            download.cancel()
+            # its clean-up (a render's page closed) runs before the node closes on
+            await asyncio.wait((download,), timeout=_CUT_CLEANUP_SECONDS)
+            self._crawler.stats.inc_value("fleet/stop/cut")  # type: ignore[union-attr]
+            logger.info(
+                "Download cut by the node's stop: %s goes back to the fleet", mask_url(request.url)
+            )
+            raise cut(request, self._cut.result())
+        response: Response = download.result()
+        return response
+
+    async def _download(self, request: Request) -> Response:
+        if request.meta.get("playwright"):
+            renderer = await self.renderer()
+            rendered: Response = await renderer.download_request(request)
+            return rendered
+        return await super().download_request(request)
+
+    async def renderer(self) -> BoundedPlaywrightHandler:
+        """scrapy-playwright's handler (the fleet's), built and started at the first call."""
+        if self._renderer is None:
+            if self._renderer_built is None:
+                self._renderer_built = asyncio.Lock()
+            async with self._renderer_built:
+                if self._renderer is None:
+                    from project.rendering.handler import BoundedPlaywrightHandler
+
+                    renderer = BoundedPlaywrightHandler.from_crawler(self._crawler)
+                    # what scrapy-playwright does on engine_started, long gone by now: its
+                    # browser provider; the browser itself starts with the first page
+                    await renderer._maybe_launch_in_thread()
+                    self._renderer = renderer
+        return self._renderer
+
+    async def close(self) -> None:
+        """Close the HTTP/1.1 connection pool, and the browser when one was started."""
+        await super().close()
+        if self._renderer is not None:
+            await self._renderer.close()
