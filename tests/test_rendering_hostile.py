@@ -651,6 +651,52 @@ def test_failed_renders_are_retried_then_dead_lettered(
 
 
 @pytest.mark.crawl
+def test_a_node_whose_browser_cannot_start_loses_no_page(
+    fleet: Fleet, make_shop, redis_client: redis.Redis, mongo
+) -> None:
+    """scrapy-playwright cannot start (its provider fails): plain pages are stored, rendered
+    ones go back to the fleet as retries (RenderingUnavailable), then become dead letters with
+    the reason; the node tries the start once a minute, not once a render."""
+    shop = make_shop(products=3)
+    plain, *rendered = _products(shop, 3)
+    fleet.seed(plain, *(json.dumps({"url": url, "meta": {"playwright": True}}) for url in rendered))
+    fleet.start_node(
+        PLAYWRIGHT_BROWSER_PROVIDER="tests.hostile_values.FailingBrowserProvider",
+        RETRY_TIMES=1,
+        FRONTIER_RETRY_BACKOFF_BASE=0.1,
+        FRONTIER_RETRY_BACKOFF_MAX=0.2,
+    )
+    assert fleet.wait(120) == [0], fleet.log(0)[-3000:]
+
+    assert [doc["url"] for doc in mongo.products.find({})] == [plain]
+    dead = {record["url"]: record for record in _dead_letters(redis_client, fleet)}
+    assert set(dead) == set(rendered)
+    for record in dead.values():
+        assert record["attempts"] == 2
+        assert "RenderingUnavailable" in record["error"]
+        assert "this browser provider never starts" in record["error"]
+    assert fleet.stat(0, "playwright/start_failed") == 1
+    assert fleet.stat(0, "frontier/retry/reason/RenderingUnavailable") == 2
+    assert "Rendering is unavailable on this node for 60 s" in fleet.log(0)
+
+
+def test_scrapy_playwrights_own_settings_are_checked_at_start() -> None:
+    """The handler that reads them is built at the first render: a bad one stops the node."""
+    both = {"PLAYWRIGHT_CDP_URL": "http://127.0.0.1:9/", "PLAYWRIGHT_CONNECT_URL": "ws://x/"}
+    with pytest.raises(RenderingConfigError, match="not both"):
+        RenderingConfig.from_settings(Settings(both))
+    for name in ("PLAYWRIGHT_BROWSER_PROVIDER", "PLAYWRIGHT_ABORT_REQUEST",
+                 "PLAYWRIGHT_PROCESS_REQUEST_HEADERS"):  # fmt: skip
+        with pytest.raises(RenderingConfigError, match=name):
+            RenderingConfig.from_settings(Settings({name: "no_such_module.anything"}))
+        with pytest.raises(RenderingConfigError, match=name):
+            RenderingConfig.from_settings(Settings({name: "nodots"}))
+    fine = {"PLAYWRIGHT_BROWSER_PROVIDER": "tests.hostile_values.FailingBrowserProvider",
+            "PLAYWRIGHT_PROCESS_REQUEST_HEADERS": None}  # fmt: skip
+    RenderingConfig.from_settings(Settings(fine))
+
+
+@pytest.mark.crawl
 def test_d4_render_past_its_bound_is_closed_and_fails_as_a_timeout(
     fleet: Fleet, make_shop, bad_server: _BadServer, redis_client: redis.Redis, mongo
 ) -> None:

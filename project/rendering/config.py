@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -165,6 +166,34 @@ _LAUNCH_OPTIONS = {
 }
 
 
+def _check_playwright_settings(settings: BaseSettings) -> None:
+    """What scrapy-playwright's handler would refuse, refused at start: the handler is built
+    at the node's first render (project/rendering/download.py), not with the node."""
+    if settings.get("PLAYWRIGHT_CDP_URL") and settings.get("PLAYWRIGHT_CONNECT_URL"):
+        raise RenderingConfigError(
+            "Set PLAYWRIGHT_CDP_URL or PLAYWRIGHT_CONNECT_URL, not both (scrapy-playwright"
+            " connects to one browser)"
+        )
+    for name in (
+        "PLAYWRIGHT_BROWSER_PROVIDER",
+        "PLAYWRIGHT_ABORT_REQUEST",
+        "PLAYWRIGHT_PROCESS_REQUEST_HEADERS",
+    ):
+        path = settings.get(name)
+        if not isinstance(path, str) or not path:
+            continue  # unset, None, or an object given as such
+        module, _, attribute = path.rpartition(".")
+        try:
+            found = bool(module and attribute) and importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise RenderingConfigError(
+                f"{name} = {path!r}: no module {module!r} to import it from (a dotted path"
+                " to an object is expected)"
+            )
+
+
 @dataclass(frozen=True)
 class RenderingConfig:
     """The rendering settings; docs/settings.md explains each.
@@ -212,7 +241,7 @@ class RenderingConfig:
     #: MiB of resident memory past which the browser is closed, once its renders end, and
     #: launched again (0: never).
     max_rss: int = setting("PLAYWRIGHT_MAX_RSS", 1024)
-    #: The keys of scrapy-playwright's PLAYWRIGHT_CONTEXTS, created when the node starts.
+    #: The keys of scrapy-playwright's PLAYWRIGHT_CONTEXTS, created at the node's first render.
     named_contexts: tuple[str, ...] = ()
     #: PLAYWRIGHT_CDP_URL or PLAYWRIGHT_CONNECT_URL is set: the browser runs elsewhere.
     remote: bool = False
@@ -260,6 +289,7 @@ class RenderingConfig:
                 "PLAYWRIGHT_RENDER_TIMEOUT and PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT must be"
                 " above 0 (a render without a bound holds its page and its lease for ever)"
             )
+        _check_playwright_settings(settings)
         return config
 
     @property

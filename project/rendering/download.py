@@ -12,13 +12,18 @@ and imports Playwright with the first request that asks for the browser.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
+from scrapy import signals
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 
 from project.frontier.gate import DownloadGate
 from project.frontier.stopping import cut, downloads_cut
+from project.rendering.launch import RenderingUnavailable
 from project.utils import mask_url
 
 if TYPE_CHECKING:
@@ -33,6 +38,78 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a download cut by the node's stop gets to clean up (a render closes its page).
 _CUT_CLEANUP_SECONDS = 5.0
+#: Seconds after a failed start of scrapy-playwright before a render tries it again.
+_BUILD_AGAIN_AFTER = 60.0
+
+
+class _Renderer:
+    """The node's one BoundedPlaywrightHandler, shared by its http and https handlers (Scrapy
+    builds a handler per scheme: two would run two browsers), built once."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.handler: BoundedPlaywrightHandler | None = None
+        #: why the last build failed, and when
+        self.failed: tuple[str, float] | None = None
+        self.closed = False
+        self._building: asyncio.Future[BoundedPlaywrightHandler] | None = None
+
+    async def get(self) -> BoundedPlaywrightHandler:
+        if self.handler is not None:
+            return self.handler
+        if self.closed:
+            raise RenderingUnavailable("the node's download handlers are closed")
+        if self.failed is not None:
+            why, when = self.failed
+            if time.monotonic() - when < _BUILD_AGAIN_AFTER:
+                raise RenderingUnavailable(why)
+            self.failed, self._building = None, None
+        if self._building is None:
+            self._building = asyncio.ensure_future(self._build())
+        # shielded: one download cut by the node's stop does not cancel the build the other
+        # renders wait for
+        handler: BoundedPlaywrightHandler = await asyncio.shield(self._building)
+        return handler
+
+    async def _build(self) -> BoundedPlaywrightHandler:
+        from project.rendering.handler import BoundedPlaywrightHandler
+
+        handler: BoundedPlaywrightHandler = BoundedPlaywrightHandler.from_crawler(self.crawler)
+        # built after engine_started: what scrapy-playwright connects to it is called here
+        self.crawler.signals.disconnect(
+            handler._maybe_launch_in_thread, signal=signals.engine_started
+        )
+        try:
+            await handler._maybe_launch_in_thread()
+        except Exception as exc:
+            # whatever it started (Playwright's driver, a browser for PLAYWRIGHT_CONTEXTS) ends
+            with contextlib.suppress(Exception):
+                await asyncio.shield(handler.close())
+            why = f"starting scrapy-playwright failed: {type(exc).__name__}: {exc}"[:500]
+            self.failed = why, time.monotonic()
+            self.crawler.stats.inc_value("playwright/start_failed")  # type: ignore[union-attr]
+            logger.error(
+                "Rendering is unavailable on this node for %g s (%s): rendered requests go"
+                " back to the fleet as retries, plain ones are downloaded",
+                _BUILD_AGAIN_AFTER,
+                why,
+            )
+            raise RenderingUnavailable(why) from exc
+        self.handler = handler
+        return handler
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._building is not None and not self._building.done():
+            with contextlib.suppress(BaseException):
+                await self._building
+        if self.handler is not None:
+            await self.handler.close()
+
+
+_RENDERERS: WeakKeyDictionary[Crawler, _Renderer] = WeakKeyDictionary()
 
 
 class FleetDownloadHandler(HTTP11DownloadHandler):
@@ -48,8 +125,7 @@ class FleetDownloadHandler(HTTP11DownloadHandler):
         #: Done when the node's stop grace is over (project/frontier/stopping.py).
         self._cut: asyncio.Future[float] | None = None
         crawler.signals.connect(self._downloads_cut, signal=downloads_cut)
-        self._renderer: BoundedPlaywrightHandler | None = None
-        self._renderer_built: asyncio.Lock | None = None
+        self._renderer = _RENDERERS.setdefault(crawler, _Renderer(crawler))
 
     def _downloads_cut(self, grace: float) -> None:
         if self._cut is None:
@@ -93,23 +169,13 @@ class FleetDownloadHandler(HTTP11DownloadHandler):
         return await super().download_request(request)
 
     async def renderer(self) -> BoundedPlaywrightHandler:
-        """scrapy-playwright's handler (the fleet's), built and started at the first call."""
-        if self._renderer is None:
-            if self._renderer_built is None:
-                self._renderer_built = asyncio.Lock()
-            async with self._renderer_built:
-                if self._renderer is None:
-                    from project.rendering.handler import BoundedPlaywrightHandler
-
-                    renderer = BoundedPlaywrightHandler.from_crawler(self._crawler)
-                    # what scrapy-playwright does on engine_started, long gone by now: its
-                    # browser provider; the browser itself starts with the first page
-                    await renderer._maybe_launch_in_thread()
-                    self._renderer = renderer
-        return self._renderer
+        """The node's scrapy-playwright handler (the fleet's), built and started at the first
+        call of any of its handlers; RenderingUnavailable for a minute after a build failed."""
+        return await self._renderer.get()
 
     async def close(self) -> None:
         """Close the HTTP/1.1 connection pool, and the browser when one was started."""
-        await super().close()
-        if self._renderer is not None:
+        try:
+            await super().close()
+        finally:
             await self._renderer.close()

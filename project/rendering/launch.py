@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RENDER_RETRY_EXCEPTIONS",
     "PlaywrightFailure",
+    "RenderingUnavailable",
     "chromium_sandboxed",
     "use_system_chromium",
 ]
@@ -38,13 +39,23 @@ class _PlaywrightErrorCheck(type):
 class PlaywrightFailure(Exception, metaclass=_PlaywrightErrorCheck):
     """Never raised: ``isinstance(exc, PlaywrightFailure)`` is whether *exc* is Playwright's
     ``Error`` (``playwright.async_api.Error``, also the class of its TimeoutError and
-    TargetClosedError), without importing Playwright to ask."""
+    TargetClosedError), without importing Playwright to ask. Only ``isinstance`` and
+    ``issubclass`` ask it: an ``except PlaywrightFailure`` clause catches nothing, and
+    Twisted's ``Failure.check`` matches by name."""
+
+
+class RenderingUnavailable(Exception):
+    """scrapy-playwright could not start on this node: the render is retried through the
+    fleet, where another node (or this one, later) may render it."""
 
 
 #: What a failed render raises besides RenderTimeoutError, for RETRY_EXCEPTIONS: Scrapy's
 #: retry middleware loads every name it lists at start, and ``playwright.async_api.Error``
 #: would import Playwright on every node (about 70 ms of each start, with the handler's).
-RENDER_RETRY_EXCEPTIONS = ("project.rendering.launch.PlaywrightFailure",)
+RENDER_RETRY_EXCEPTIONS = (
+    "project.rendering.launch.PlaywrightFailure",
+    "project.rendering.launch.RenderingUnavailable",
+)
 
 #: Chromium's renderer does not load images (PLAYWRIGHT_ABORT_RESOURCES with ``image``).
 #: Playwright's own blink settings are repeated: Chromium reads the last --blink-settings.
