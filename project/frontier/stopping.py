@@ -86,6 +86,12 @@ class DownloadCut(SentBack):
     due at once (another node fetches the page), not counted as an attempt."""
 
 
+def download_errors(exceptions: int, sent_back: int) -> int:
+    """Scrapy's ``downloader/exception_count`` without the requests sent back unfetched
+    (``frontier/sent_back``, a :class:`SentBack` each): those are no errors."""
+    return max(0, exceptions - sent_back)
+
+
 def send_back(request: Request, delay: float, error: str) -> None:
     """Mark leased *request* to go back to the fleet, due in *delay* seconds, unfetched and
     not counted as an attempt (raise a :class:`SentBack` then)."""

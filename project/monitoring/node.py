@@ -21,6 +21,7 @@ from project.config import read_settings, setting
 from project.frontier import lua
 from project.frontier.config import DEFAULT_REDIS_URL, FrontierConfig
 from project.frontier.keys import FrontierKeys
+from project.frontier.stopping import download_errors
 from project.storage.config import MongoConfig, StorageConfigError
 from project.storage.journal import journal_backlog
 from project.utils import child_processes
@@ -267,9 +268,8 @@ class NodeMonitor:
             "pages_per_min": 60 * windowed_rate([(t, p) for t, p, _ in self._points]),
             "items_per_min": 60 * windowed_rate([(t, i) for t, _, i in self._points]),
             "errors": int(stat("log_count/ERROR", 0)),
-            "download_errors": max(
-                0,  # a request sent back unfetched is no error
-                int(stat("downloader/exception_count", 0)) - int(stat("frontier/sent_back", 0)),
+            "download_errors": download_errors(
+                int(stat("downloader/exception_count", 0)), int(stat("frontier/sent_back", 0))
             ),
             "retries": int(stat("frontier/retry/count", 0)) + int(stat("retry/count", 0)),
             "dead_letters": int(stat("frontier/dead", 0)),

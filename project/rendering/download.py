@@ -102,9 +102,8 @@ class _Renderer:
         if self.closed:
             return
         self.closed = True
-        if self._building is not None and not self._building.done():
-            with contextlib.suppress(BaseException):
-                await self._building
+        if self._building is not None:
+            await asyncio.wait((self._building,))  # a build under way ends first (or fails)
         if self.handler is not None:
             await self.handler.close()
 
@@ -127,11 +126,16 @@ class FleetDownloadHandler(HTTP11DownloadHandler):
         crawler.signals.connect(self._downloads_cut, signal=downloads_cut)
         self._renderer = _RENDERERS.setdefault(crawler, _Renderer(crawler))
 
-    def _downloads_cut(self, grace: float) -> None:
+    def _stop_cut(self) -> asyncio.Future[float]:
+        """Done, with the grace, once the node's stop grace is over."""
         if self._cut is None:
             self._cut = asyncio.get_running_loop().create_future()
-        if not self._cut.done():
-            self._cut.set_result(grace)
+        return self._cut
+
+    def _downloads_cut(self, grace: float) -> None:
+        stop = self._stop_cut()
+        if not stop.done():
+            stop.set_result(grace)
 
     async def download_request(self, request: Request) -> Response:
         """Download *request* once its node may, unless the node's stop cuts it."""
@@ -139,13 +143,12 @@ class FleetDownloadHandler(HTTP11DownloadHandler):
         if logger.isEnabledFor(logging.DEBUG):
             # the last gate: what comes after it goes on the wire, even across a stall
             logger.debug("Download passes the permit gate: %s", mask_url(request.url))
-        if self._cut is None:
-            self._cut = asyncio.get_running_loop().create_future()
-        if self._cut.done():
-            raise cut(request, self._cut.result())
+        stop = self._stop_cut()
+        if stop.done():
+            raise cut(request, stop.result())
         download = asyncio.ensure_future(self._download(request))
         try:
-            await asyncio.wait((download, self._cut), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((download, stop), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             download.cancel()  # this download itself was cancelled: not left running
             raise
@@ -157,7 +160,7 @@ class FleetDownloadHandler(HTTP11DownloadHandler):
             logger.info(
                 "Download cut by the node's stop: %s goes back to the fleet", mask_url(request.url)
             )
-            raise cut(request, self._cut.result())
+            raise cut(request, stop.result())
         response: Response = download.result()
         return response
 

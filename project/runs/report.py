@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from project.config import read_settings, setting
 from project.dataout.config import DataOutConfig
 from project.dataout.feeds import write_feeds
+from project.frontier.stopping import download_errors
 from project.runs.webhook import deliver
 from project.storage.config import MongoConfig
 from project.storage.records import report_record
@@ -217,20 +218,15 @@ async def finish_run(
             stored += await database[name].count_documents(
                 {"source_spider": spider, "gone_at": {"$exists": False}}
             )
-        # a request sent back unfetched (the stop's cut, a render wait) is no error
+        server_errors = sum(
+            v for k, v in counts.items() if k.startswith("downloader/response_status_count/5")
+        )
         errors = (
-            max(
-                0,
-                _total(counts, "downloader/exception_count") - _total(counts, "frontier/sent_back"),
+            download_errors(
+                _total(counts, "downloader/exception_count"), _total(counts, "frontier/sent_back")
             )
             + _total(counts, "frontier/dead")
-            + int(
-                sum(
-                    v
-                    for k, v in counts.items()
-                    if k.startswith("downloader/response_status_count/5")
-                )
-            )
+            + int(server_errors)
         )
         requests = max(1, _total(counts, "downloader/request_count"))
         report: _Document = {

@@ -35,6 +35,8 @@ ORPHAN_GRACE = 20.0
 
 
 def _children() -> list[int]:
+    # project.utils.child_processes reads the same, but this script runs beside another
+    # checkout's code (the benchmark's "today" worktree) and imports nothing of the project
     found: list[int] = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         with contextlib.suppress(OSError):
