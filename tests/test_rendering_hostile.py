@@ -695,8 +695,9 @@ def test_scrapy_playwrights_own_settings_are_checked_at_start() -> None:
                  "PLAYWRIGHT_PROCESS_REQUEST_HEADERS"):  # fmt: skip
         with pytest.raises(RenderingConfigError, match=name):
             RenderingConfig.from_settings(Settings({name: "no_such_module.anything"}))
-        with pytest.raises(RenderingConfigError, match=name):
-            RenderingConfig.from_settings(Settings({name: "nodots"}))
+        for hostile in ("nodots", "..relative.Name", "a" * 5000 + ".B", "os.\x00bad.Name"):
+            with pytest.raises(RenderingConfigError, match=name):
+                RenderingConfig.from_settings(Settings({name: hostile}))
     fine = {"PLAYWRIGHT_BROWSER_PROVIDER": "tests.hostile_values.FailingBrowserProvider",
             "PLAYWRIGHT_PROCESS_REQUEST_HEADERS": None}  # fmt: skip
     RenderingConfig.from_settings(Settings(fine))
