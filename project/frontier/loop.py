@@ -389,8 +389,11 @@ class FrontierLoop:
                 if self._next_wake is not None and self.ledger.slots():
                     # A throttled site gets tokens then: be there to lease them.
                     delay = min(delay, max(tick, self._next_wake - time.monotonic()))
-            # At most one round trip per tick; sooner only when woken with work.
-            await self._pause(tick - (time.monotonic() - started))
+            # At most one round trip per tick; sooner only when woken with work, or when a
+            # node that has leased nothing yet holds requests its seeds made: they reach the
+            # queue, and its first lease comes, a round trip later rather than a tick later.
+            if self.handover.leased_any or not self._enqueue or self._closing:
+                await self._pause(tick - (time.monotonic() - started))
             self._wakeup.clear()
             if delay > tick and not self._closing:
                 with contextlib.suppress(TimeoutError):
