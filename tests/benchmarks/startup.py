@@ -14,6 +14,11 @@ Side by side with the baseline, ``scrapy version`` run outside any project (most
 The shop's cap has room for both nodes, so a first lease waits on the node's start-up, not on
 another node's permits.
 - status: ``fleetcrawl status --json`` on an empty fleet, wall time.
+- the floors, for scale: what Scrapy itself reaches, as ``scrapy runspider`` outside the
+  project (``tests/benchmarks/floor/``), from process start to its first request reaching the
+  downloader: a plain spider with one hard-coded URL; a stock scrapy-redis ``RedisSpider`` on
+  its shared scheduler, its one start URL pushed to Redis; the same with a MongoDB pipeline
+  (pymongo's client and one round trip at open).
 - status at ``--sites`` sites: wall time, and the Redis commands it ran (INFO commandstats,
   commands inside scripts included).
 """
@@ -47,6 +52,8 @@ from tests.site.server import ShopServer
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _FIRST_LEASE = re.compile(rb"First lease ([0-9.]+)s after the process started")
+_FIRST_REQUEST = re.compile(rb"First request at ([0-9.]+)")
+FLOOR = Path(__file__).resolve().parent / "floor"
 #: Two nodes' worth of permits at the shop: a node's first lease waits on its start-up, not
 #: on another node giving permits back. CONCURRENT_REQUESTS is set: derived from the cap it
 #: would be 64 (project/frontier/politeness.py), and the crawling node would hold every permit
@@ -105,6 +112,33 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _floor(services: ServicesConfig, shop: ShopServer, outside: Path, variant: str) -> float:
+    """Seconds from process start to a floor spider's first request in the downloader."""
+    client = redis.Redis.from_url(services.redis_url)
+    client.flushall()
+    url = shop.url("/product/1")
+    client.lpush("stock:start_urls", url)
+    env = {k: v for k, v in _env(services, "startup_floor").items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(FLOOR), FLOOR_URL=url)
+    argv = [str(BIN / "scrapy"), "runspider", str(FLOOR / f"{variant.split('+')[0]}.py")]
+    if variant.endswith("+mongo"):
+        argv += ["-s", 'ITEM_PIPELINES={"stock.MongoFloorPipeline": 300}']
+    log = outside / f"{variant}.log"
+    with log.open("wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=outside, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = started + 60
+        while (found := _FIRST_REQUEST.search(log.read_bytes())) is None:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"no first request in {log}:\n{log.read_text()[-2000:]}")
+            time.sleep(0.01)
+        return float(found.group(1)) - started
+    finally:
+        _stop(proc)
+        client.close()
 
 
 def _seed(client: redis.Redis, shop: ShopServer) -> None:
@@ -179,7 +213,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sites", type=int, default=10_000)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"scrapy version": [], "join": [], "together": [],
+    results: dict[str, list[float]] = {"scrapy version": [], "bare": [], "stock": [],
+                                        "stock+mongo": [], "join": [], "together": [],
                                         "status": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="startup-") as name:
         state = Path(name)
@@ -197,6 +232,8 @@ def main() -> None:
                     results["scrapy version"].append(
                         _wall([str(BIN / "scrapy"), "version"], outside, plain_env)
                     )
+                    for variant in ("bare", "stock", "stock+mongo"):
+                        results[variant].append(_floor(services, shop, outside, variant))
                     results["join"].append(_join(services, shop, state))
                     results["together"].append(_together(services, shop, state))
                     client.flushall()
@@ -214,18 +251,21 @@ def main() -> None:
             stop_service(services, "redis")
     base = statistics.median(results["scrapy version"])
     print(f"start-up, medians of {args.runs} runs, {os.cpu_count()} CPUs")
-    print(f"{'':>34} {'seconds':>8} {'x scrapy version':>17}")
+    print(f"{'':>38} {'seconds':>8} {'x scrapy version':>17}")
     labels = {
         "scrapy version": "scrapy version (outside a project)",
+        "bare": "floor: plain Scrapy, first request",
+        "stock": "floor: scrapy-redis, first request",
+        "stock+mongo": "floor: scrapy-redis + MongoDB, first",
         "join": "node joining a crawl: first lease",
         "together": "two nodes at once: later lease",
         "status": "fleetcrawl status, empty fleet",
     }
     for key, label in labels.items():
         value = statistics.median(results[key])
-        print(f"{label:>34} {value:>8.2f} {value / base:>17.2f}")
+        print(f"{label:>38} {value:>8.2f} {value / base:>17.2f}")
     print(
-        f"{'status at ' + str(args.sites) + ' sites':>34} {statistics.median(walls):>8.2f}"
+        f"{'status at ' + str(args.sites) + ' sites':>38} {statistics.median(walls):>8.2f}"
         f" {statistics.median(walls) / base:>17.2f}   Redis commands: {statistics.median(commands):.0f}"
     )
 
