@@ -16,9 +16,10 @@ another node's permits.
 - status: ``fleetcrawl status --json`` on an empty fleet, wall time.
 - the floors, for scale: what Scrapy itself reaches, as ``scrapy runspider`` outside the
   project (``tests/benchmarks/floor/``), from process start to its first request reaching the
-  downloader: a plain spider with one hard-coded URL; a stock scrapy-redis ``RedisSpider`` on
-  its shared scheduler, its one start URL pushed to Redis; the same with a MongoDB pipeline
-  (pymongo's client and one round trip at open).
+  downloader: a plain spider with one hard-coded URL; the same with both clients connected
+  at open (redis-py and pymongo, one round trip each), which any node that shares work in
+  Redis and stores in MongoDB needs first; a stock scrapy-redis ``RedisSpider``, its one start
+  URL pushed to Redis (what users run today).
 - status at ``--sites`` sites: wall time, and the Redis commands it ran (INFO commandstats,
   commands inside scripts included).
 """
@@ -123,8 +124,8 @@ def _floor(services: ServicesConfig, shop: ShopServer, outside: Path, variant: s
     env = {k: v for k, v in _env(services, "startup_floor").items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(FLOOR), FLOOR_URL=url)
     argv = [str(BIN / "scrapy"), "runspider", str(FLOOR / f"{variant.split('+')[0]}.py")]
-    if variant.endswith("+mongo"):
-        argv += ["-s", 'ITEM_PIPELINES={"stock.MongoFloorPipeline": 300}']
+    if variant.endswith("+clients"):
+        argv += ["-s", 'ITEM_PIPELINES={"clients.ClientsPipeline": 300}']
     log = outside / f"{variant}.log"
     with log.open("wb") as out:
         started = time.monotonic()
@@ -213,8 +214,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sites", type=int, default=10_000)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"scrapy version": [], "bare": [], "stock": [],
-                                        "stock+mongo": [], "join": [], "together": [],
+    results: dict[str, list[float]] = {"scrapy version": [], "bare": [], "bare+clients": [],
+                                        "stock": [], "join": [], "together": [],
                                         "status": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="startup-") as name:
         state = Path(name)
@@ -232,7 +233,7 @@ def main() -> None:
                     results["scrapy version"].append(
                         _wall([str(BIN / "scrapy"), "version"], outside, plain_env)
                     )
-                    for variant in ("bare", "stock", "stock+mongo"):
+                    for variant in ("bare", "bare+clients", "stock"):
                         results[variant].append(_floor(services, shop, outside, variant))
                     results["join"].append(_join(services, shop, state))
                     results["together"].append(_together(services, shop, state))
@@ -255,8 +256,8 @@ def main() -> None:
     labels = {
         "scrapy version": "scrapy version (outside a project)",
         "bare": "floor: plain Scrapy, first request",
-        "stock": "floor: scrapy-redis, first request",
-        "stock+mongo": "floor: scrapy-redis + MongoDB, first",
+        "bare+clients": "floor: + Redis, MongoDB clients, first",
+        "stock": "scrapy-redis today, first request",
         "join": "node joining a crawl: first lease",
         "together": "two nodes at once: later lease",
         "status": "fleetcrawl status, empty fleet",

@@ -1,7 +1,9 @@
-"""The start-up floor of plain Scrapy: one hard-coded URL, no Redis, no store.
+"""The start-up floor of plain Scrapy: one hard-coded URL (``FLOOR_URL``).
 
-Run by ``tests.benchmarks.startup`` as ``scrapy runspider bare.py`` outside the project;
-prints when its first request reaches the downloader.
+Run by ``tests.benchmarks.startup`` as ``scrapy runspider bare.py`` outside the project,
+alone, or with ``-s ITEM_PIPELINES={"clients.ClientsPipeline": 300}``: the floor of any
+node that shares work in Redis and stores in MongoDB, which imports both clients and
+connects before its first request. Prints when its first request reaches the downloader.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ import time
 from typing import Any
 
 import scrapy
+
+# Imported first, as fleetcrawl's project/settings.py does (see there): imported later, by the
+# download handler, Scrapy's TLS context factory costs 0.2-0.4 s more (inspect.stack() in its
+# deprecated aliases), which would inflate the floor.
+import scrapy.core.downloader.contextfactory
 from scrapy import signals
 
 
@@ -28,9 +35,10 @@ class FirstRequestClock:
 
 class Bare(scrapy.Spider):
     name = "bare"
-    #: As a fleetcrawl node has them: no telnet console, no remote control (Scrapy 2.19).
-    custom_settings = {"TELNETCONSOLE_ENABLED": False, "REMOTE_CONTROL_ENABLED": False,
-                       "LOG_LEVEL": "WARNING"}  # fmt: skip
+    #: As a fleetcrawl node has them: no telnet console, and Scrapy 2.19's remote control
+    #: neither on nor imported (its module alone takes about 0.1 s).
+    custom_settings = {"TELNETCONSOLE_ENABLED": False, "LOG_LEVEL": "WARNING",
+                       "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None}}  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
