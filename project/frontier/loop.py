@@ -358,8 +358,10 @@ class FrontierLoop:
             await asyncio.wait(self._first_step_after, timeout=_FIRST_STEP_WAIT)
             self._first_step_after.clear()
         self.end.started_at = time.monotonic()
+        hurried = False  # the one round trip sent without its tick (below)
         while not self._closing:
             started = time.monotonic()
+            hurry = False
             self._reconcile()
             if self.autotune is not None:
                 self.autotune.in_flight(sum(self.ledger.busy.values()))
@@ -389,10 +391,13 @@ class FrontierLoop:
                 if self._next_wake is not None and self.ledger.slots():
                     # A throttled site gets tokens then: be there to lease them.
                     delay = min(delay, max(tick, self._next_wake - time.monotonic()))
-            # At most one round trip per tick; sooner only when woken with work, or when a
-            # node that has leased nothing yet holds requests its seeds made: they reach the
-            # queue, and its first lease comes, a round trip later rather than a tick later.
-            if self.handover.leased_any or not self._enqueue or self._closing:
+                # Once in a node's life, after a step that ran: a node that has leased nothing
+                # yet and holds requests its seeds (or start()) just made sends them at once,
+                # so its first lease comes a round trip after its seeds, not a tick after.
+                hurry = not hurried and not self.handover.leased_any and bool(self._enqueue)
+                hurried = hurried or hurry
+            # At most one round trip per tick; sooner only when woken with work (or in a hurry).
+            if not hurry or self._closing:
                 await self._pause(tick - (time.monotonic() - started))
             self._wakeup.clear()
             if delay > tick and not self._closing:
