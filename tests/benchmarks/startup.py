@@ -14,9 +14,12 @@ Side by side with the baseline, ``scrapy version`` run outside any project (most
 The shop's cap has room for both nodes, so a first lease waits on the node's start-up, not on
 another node's permits.
 - status: ``fleetcrawl status --json`` on an empty fleet, wall time.
+- join, at the site: from the same node's process start to its first request arriving at
+  the shop (the shop's own arrival time; the node sends its own User-Agent), the end point
+  of the floors below.
 - the floors, for scale: what Scrapy itself reaches, as ``scrapy runspider`` outside the
-  project (``tests/benchmarks/floor/``), from process start to its first request reaching the
-  downloader: a plain spider with one hard-coded URL; the same with both clients connected
+  project (``tests/benchmarks/floor/``), from process start to its first request arriving at
+  the shop: a plain spider with one hard-coded URL; the same with both clients connected
   at open (redis-py and pymongo, one round trip each), which any node that shares work in
   Redis and stores in MongoDB needs first; a stock scrapy-redis ``RedisSpider``, its one start
   URL pushed to Redis (what users run today).
@@ -53,7 +56,8 @@ from tests.site.server import ShopServer
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _FIRST_LEASE = re.compile(rb"First lease ([0-9.]+)s after the process started")
-_FIRST_REQUEST = re.compile(rb"First request at ([0-9.]+)")
+#: The joining node's User-Agent: its requests among the crawling node's in the shop's timeline.
+_JOINING_AGENT = "fleetcrawl-startup-joining"
 FLOOR = Path(__file__).resolve().parent / "floor"
 #: Two nodes' worth of permits at the shop: a node's first lease waits on its start-up, not
 #: on another node giving permits back. CONCURRENT_REQUESTS is set: derived from the cap it
@@ -85,9 +89,9 @@ def _env(services: ServicesConfig, database: str) -> dict[str, str]:
     )
 
 
-def _node(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _node(env: dict[str, str], log: Path, **settings: str) -> subprocess.Popen[bytes]:
     argv = [str(BIN / "scrapy"), "crawl", "products"]
-    for key, value in _NODE_SETTINGS.items():
+    for key, value in {**_NODE_SETTINGS, **settings}.items():
         argv += ["-s", f"{key}={value}"]
     with log.open("wb") as out:
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -115,10 +119,24 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def _first_arrival(shop: ShopServer, agent: str | None, proc: subprocess.Popen[bytes],
+                   log: Path, timeout: float = 60.0) -> float:  # fmt: skip
+    """The shop's arrival time (wall clock) of the first request (sent as *agent*, if given)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        arrivals = [row[0] for row in shop.timeline() if agent is None or row[3] == agent]
+        if arrivals:
+            return float(min(arrivals))
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"no request at the shop from {log}:\n{log.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
 def _floor(services: ServicesConfig, shop: ShopServer, outside: Path, variant: str) -> float:
-    """Seconds from process start to a floor spider's first request in the downloader."""
+    """Seconds from a floor spider's process start to its first request at the shop."""
     client = redis.Redis.from_url(services.redis_url)
     client.flushall()
+    shop.reset()
     url = shop.url("/product/1")
     client.lpush("stock:start_urls", url)
     env = {k: v for k, v in _env(services, "startup_floor").items() if k != "PYTHONPATH"}
@@ -128,15 +146,10 @@ def _floor(services: ServicesConfig, shop: ShopServer, outside: Path, variant: s
         argv += ["-s", 'ITEM_PIPELINES={"clients.ClientsPipeline": 300}']
     log = outside / f"{variant}.log"
     with log.open("wb") as out:
-        started = time.monotonic()
+        started = time.time()  # the shop stamps arrivals with the wall clock
         proc = subprocess.Popen(argv, cwd=outside, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = started + 60
-        while (found := _FIRST_REQUEST.search(log.read_bytes())) is None:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"no first request in {log}:\n{log.read_text()[-2000:]}")
-            time.sleep(0.01)
-        return float(found.group(1)) - started
+        return _first_arrival(shop, None, proc, log) - started
     finally:
         _stop(proc)
         client.close()
@@ -149,8 +162,9 @@ def _seed(client: redis.Redis, shop: ShopServer) -> None:
     client.lpush("products:start_urls", *[shop.url(f"/product/{i}") for i in range(1, 301)])
 
 
-def _join(services: ServicesConfig, shop: ShopServer, state: Path) -> float:
-    """First lease of a node joining a crawl that another node runs: requests are queued."""
+def _join(services: ServicesConfig, shop: ShopServer, state: Path) -> tuple[float, float]:
+    """A node joining a crawl that another node runs (requests are queued): seconds from its
+    process start to its first lease, and to its first request at the shop."""
     client = redis.Redis.from_url(services.redis_url)
     env = _env(services, f"startup_{time.monotonic_ns()}")
     client.flushall()
@@ -161,9 +175,11 @@ def _join(services: ServicesConfig, shop: ShopServer, state: Path) -> float:
         _first_lease(state / "a.log")
         while sum(shop.stats()["hits"].values()) < 20:  # the listings read: products queued
             time.sleep(0.05)
-        joining = _node(env, state / "b.log")
+        started = time.time()
+        joining = _node(env, state / "b.log", USER_AGENT=_JOINING_AGENT)
         try:
-            return _first_lease(state / "b.log")
+            lease = _first_lease(state / "b.log")
+            return lease, _first_arrival(shop, _JOINING_AGENT, joining, state / "b.log") - started
         finally:
             _stop(joining)
     finally:
@@ -215,8 +231,8 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=10_000)
     args = parser.parse_args()
     results: dict[str, list[float]] = {"scrapy version": [], "bare": [], "bare+clients": [],
-                                        "stock": [], "join": [], "together": [],
-                                        "status": []}  # fmt: skip
+                                        "stock": [], "join": [], "join at the site": [],
+                                        "together": [], "status": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="startup-") as name:
         state = Path(name)
         outside = state / "outside"
@@ -235,7 +251,9 @@ def main() -> None:
                     )
                     for variant in ("bare", "bare+clients", "stock"):
                         results[variant].append(_floor(services, shop, outside, variant))
-                    results["join"].append(_join(services, shop, state))
+                    lease, arrival = _join(services, shop, state)
+                    results["join"].append(lease)
+                    results["join at the site"].append(arrival)
                     results["together"].append(_together(services, shop, state))
                     client.flushall()
                     results["status"].append(_status_wall(services))
@@ -251,20 +269,29 @@ def main() -> None:
             stop_service(services, "mongo")
             stop_service(services, "redis")
     base = statistics.median(results["scrapy version"])
-    print(f"start-up, medians of {args.runs} runs, {os.cpu_count()} CPUs")
-    print(f"{'':>38} {'seconds':>8} {'x scrapy version':>17}")
+    print(
+        f"start-up, medians of {args.runs} runs, {os.cpu_count()} CPUs; a first request is"
+        " its arrival at the shop"
+    )
+    print(f"{'':>38} {'seconds':>8} {'x scrapy version':>17} {'x, median of runs':>18}  runs (s)")
     labels = {
         "scrapy version": "scrapy version (outside a project)",
         "bare": "floor: plain Scrapy, first request",
-        "bare+clients": "floor: + Redis, MongoDB clients, first",
+        "bare+clients": "floor: + Redis, MongoDB clients",
         "stock": "scrapy-redis today, first request",
         "join": "node joining a crawl: first lease",
+        "join at the site": "node joining: first request",
         "together": "two nodes at once: later lease",
         "status": "fleetcrawl status, empty fleet",
     }
     for key, label in labels.items():
         value = statistics.median(results[key])
-        print(f"{label:>38} {value:>8.2f} {value / base:>17.2f}")
+        # each run's own ratio too: the machine's load drifts between runs
+        paired = statistics.median(
+            v / b for v, b in zip(results[key], results["scrapy version"], strict=True)
+        )
+        runs = " ".join(f"{v:.2f}" for v in results[key])
+        print(f"{label:>38} {value:>8.2f} {value / base:>17.2f} {paired:>18.2f}  {runs}")
     print(
         f"{'status at ' + str(args.sites) + ' sites':>38} {statistics.median(walls):>8.2f}"
         f" {statistics.median(walls) / base:>17.2f}   Redis commands: {statistics.median(commands):.0f}"
