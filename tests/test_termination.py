@@ -76,7 +76,7 @@ def test_a_starting_node_leases_what_its_seeds_made_a_round_trip_later(
     leased nothing yet sends that next one at once, not a FRONTIER_TICK_SECONDS later."""
     shop = make_shop(products=5)
     fleet.seed(shop.url("/product/1"))
-    fleet.start_node(FRONTIER_TICK_SECONDS=6, FRONTIER_LEASE_SECONDS=30,
+    fleet.start_node(FRONTIER_TICK_SECONDS=10, FRONTIER_LEASE_SECONDS=30,
                      FRONTIER_HEARTBEAT_SECONDS=8, FRONTIER_IDLE_GRACE=30)  # fmt: skip
     seen: dict[str, float] = {}
     deadline = time.monotonic() + 60
@@ -88,10 +88,12 @@ def test_a_starting_node_leases_what_its_seeds_made_a_round_trip_later(
         if "First lease" in log:
             seen.setdefault("lease", now)
         time.sleep(0.02)
-    assert "lease" in seen and "frontier" in seen, fleet.log(0)[-3000:]
-    # Half the tick: the step that leased did not wait one out (the figure itself, a few
-    # milliseconds, is the startup benchmark's, not an assert's).
-    assert seen["lease"] - seen["frontier"] < 3.0, fleet.log(0)[-3000:]
+    assert "frontier" in seen, fleet.log(0)[-3000:]
+    assert "lease" in seen, fleet.log(0)[-3000:]
+    # Under the tick: the step that leased did not wait one out. The first step may wait up
+    # to 2 s for the run join; the figure itself, a few milliseconds, is the startup
+    # benchmark's, not an assert's.
+    assert seen["lease"] - seen["frontier"] < 6.0, fleet.log(0)[-3000:]
 
 
 def test_a_node_that_starts_late_neither_ends_the_crawl_nor_waits_for_ever(
