@@ -359,8 +359,8 @@ def _part_b(args: argparse.Namespace, services: ServicesConfig, state: Path) -> 
         )
     for variant, runs in results.items():
         shares = ", ".join(f"{r['plain_share']:.1%} of {r['plain_ceiling']:.1%}" for r in runs)
-        ratios = ", ".join(f"{r['cpu_per_page']:.4f}" for r in runs)
-        print(f"{variant:>14} runs: plain {shares}; CPU s/page {ratios}")
+        cpu = ", ".join(f"{r['cpu_per_page']:.4f}" for r in runs)
+        print(f"{variant:>14} runs: plain {shares}; CPU s/page {cpu}")
     # each run's pair ran back to back: their ratio is spared the machine's drift over minutes
     pairs = [o["cpu_per_page"] / a["cpu_per_page"]
              for o, a in zip(results["browser-only"], results["adaptive"], strict=True)]  # fmt: skip

@@ -50,7 +50,7 @@ from project.ops.services import (
     start_redis,
     stop_service,
 )
-from tests.fleet import lease_one_each, queue_requests
+from tests.fleet import lease_one_each, queue_requests, wait_for
 from tests.site.server import ShopServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,14 +122,15 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
 def _first_arrival(shop: ShopServer, agent: str | None, proc: subprocess.Popen[bytes],
                    log: Path, timeout: float = 60.0) -> float:  # fmt: skip
     """The shop's arrival time (wall clock) of the first request (sent as *agent*, if given)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def arrived() -> float | None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{log} exited before a request:\n{log.read_text()[-2000:]}")
         arrivals = [row[0] for row in shop.timeline() if agent is None or row[3] == agent]
-        if arrivals:
-            return float(min(arrivals))
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"no request at the shop from {log}:\n{log.read_text()[-2000:]}")
-        time.sleep(0.05)
+        return float(min(arrivals)) if arrivals else None
+
+    arrival: float = wait_for(arrived, timeout, f"a request at the shop from {log}", 0.05)
+    return arrival
 
 
 def _floor(services: ServicesConfig, shop: ShopServer, outside: Path, variant: str) -> float:
